@@ -1,0 +1,48 @@
+"""relpos: relative position encodings for transformer attention (PyTorch).
+
+The sign convention everywhere is T5's: ``relative_position = key_position - query_position``.
+"""
+
+from .attention import attention, resolve_bias
+from .bias import AdditiveBias, OffsetBias, RelativeBias
+from .buckets import (
+    STRATEGIES,
+    BucketRange,
+    bucket_ranges,
+    check_bucket_config,
+    relative_offsets,
+    relative_position_bucket,
+    relative_positions,
+    t5_bucket,
+)
+from .t5 import RelativePositionalBias
+from .t5_attention import T5Attention, cross_attention_with_bias
+from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
+from .windows import table_size, window_coords, window_relative_position_index
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "STRATEGIES",
+    "AdditiveBias",
+    "BucketRange",
+    "FactorizedRelativePositionBias",
+    "OffsetBias",
+    "RelativeBias",
+    "RelativePositionBias",
+    "RelativePositionalBias",
+    "T5Attention",
+    "attention",
+    "bucket_ranges",
+    "check_bucket_config",
+    "cross_attention_with_bias",
+    "relative_offsets",
+    "relative_position_bucket",
+    "relative_positions",
+    "resolve_bias",
+    "t5_bucket",
+    "table_size",
+    "window_coords",
+    "window_relative_position_index",
+]

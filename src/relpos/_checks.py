@@ -1,0 +1,50 @@
+"""Argument validation shared by every public entry point.
+
+Each helper raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right kind,
+wrong value) with a message that names the argument, the value received and the rule.
+Validation happens once, at the public boundary; internal code trusts its inputs.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float"]
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
+    """Return ``value`` as a Python int, or raise naming ``name``.
+
+    bool is rejected (``True`` is an int in Python, but never a meaningful length).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        rule = "positive" if minimum == 1 else ("non-negative" if minimum == 0 else f">= {minimum}")
+        msg = f"{name} must be {rule}, got {value}"
+        raise ValueError(msg + (f"; {hint}" if hint else ""))
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value

@@ -1,0 +1,86 @@
+"""The ``relpos`` command line.
+
+``relpos buckets``: which relative positions (key - query) fall in each bucket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .buckets import STRATEGIES, bucket_ranges, check_bucket_config
+
+__all__ = ["main"]
+
+
+def _buckets_payload(args: argparse.Namespace) -> dict:
+    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
+        args.num_buckets, args.max_distance, not args.causal, args.strategy
+    )
+    ranges = bucket_ranges(num_buckets, max_distance, bidirectional=bidirectional, strategy=strategy)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    return {
+        "num_buckets": num_buckets,
+        "max_distance": max_distance,
+        "bidirectional": bidirectional,
+        "strategy": strategy,
+        "convention": "relative_position = key_position - query_position",
+        "max_exact": 0 if strategy == "uniform" else half // 2,
+        "buckets": [{"bucket": r.bucket, "low": r.low, "high": r.high, "exact": r.exact} for r in ranges],
+        "unused_buckets": sorted(set(range(num_buckets)) - {r.bucket for r in ranges}),
+    }
+
+
+def _print_buckets(payload: dict) -> None:
+    mode = "bidirectional" if payload["bidirectional"] else "causal"
+    print(
+        f"T5 buckets: num_buckets={payload['num_buckets']} max_distance={payload['max_distance']} "
+        f"{mode} strategy={payload['strategy']}"
+    )
+    print(f"relative position = key - query; exact for |distance| < {payload['max_exact']}")
+    print(f"{'bucket':>6}  {'relative positions':<22}{'kind':<6}")
+    for row in payload["buckets"]:
+        low = "-inf" if row["low"] is None else str(row["low"])
+        high = "+inf" if row["high"] is None else str(row["high"])
+        span = low if low == high else f"{low} .. {high}"
+        print(f"{row['bucket']:>6}  {span:<22}{'exact' if row['exact'] else 'range':<6}")
+    if payload["unused_buckets"]:
+        print(f"unused buckets (no distance maps there): {payload['unused_buckets']}")
+
+
+def _cmd_buckets(args: argparse.Namespace) -> int:
+    payload = _buckets_payload(args)
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2)
+        print()
+    else:
+        _print_buckets(payload)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relpos", description="Relative position encodings for attention.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("buckets", help="print the bucket of every relative position")
+    p.add_argument("--num-buckets", type=int, default=32)
+    p.add_argument("--max-distance", type=int, default=128)
+    p.add_argument("--causal", action="store_true", help="decoder (causal) bucketing instead of bidirectional")
+    p.add_argument("--strategy", choices=STRATEGIES, default="log")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_buckets)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as exc:
+        parser.exit(2, f"relpos {args.command}: error: {exc}\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
