@@ -1,0 +1,171 @@
+"""attention(): every backend equals the eager reference and an fp64 oracle; masks; decoding."""
+
+import math
+
+import pytest
+import torch
+
+from relpos import OffsetBias, RelativePositionalBias, RelativePositionBias, attention, relative_positions
+
+
+def oracle(q, k, v, bias_dense=None, causal=False, mask=None, scale=None, q_offset=0):
+    """Naive fp64 attention, one loop-free line per step."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ k.transpose(-2, -1) * scale
+    if bias_dense is not None:
+        s = s + bias_dense.double()
+    allowed = torch.ones(s.shape[-2:], dtype=torch.bool)
+    if causal:
+        allowed = relative_positions(q.shape[2], k.shape[2], q_offset=q_offset) <= 0
+    if mask is not None:
+        allowed = allowed & mask
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+def qkv(b=2, h=4, lq=9, lk=13, d=8, dtype=torch.float32, grad=False):
+    g = torch.Generator().manual_seed(lq * 100 + lk)
+    make = lambda L: torch.randn(b, h, L, d, generator=g, dtype=dtype).requires_grad_(grad)  # noqa: E731
+    return make(lq), make(lk), make(lk)
+
+
+CASES = [  # (lq, lk, causal, q_offset)
+    (9, 9, False, 0),
+    (9, 9, True, 0),
+    (5, 13, False, 0),
+    (5, 13, True, 8),
+    (1, 13, True, 12),
+    (13, 5, False, 0),
+]
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+@pytest.mark.parametrize("lq, lk, causal, q_offset", CASES)
+def test_backends_equal_oracle(backend, lq, lk, causal, q_offset):
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(4, num_buckets=8, max_distance=10, bidirectional=not causal)
+    torch.nn.init.normal_(bias.relative_attention_bias.weight)
+    q, k, v = qkv(lq=lq, lk=lk)
+    out = attention(q, k, v, bias=bias, causal=causal, q_offset=q_offset, backend=backend)
+    expected = oracle(q, k, v, bias(lq, lk, q_offset=q_offset), causal=causal, q_offset=q_offset)
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("lq, lk, causal, q_offset", CASES)
+def test_sdpa_gradients_equal_eager(lq, lk, causal, q_offset):
+    grads = {}
+    for backend in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        bias = RelativePositionalBias(4, num_buckets=8, max_distance=10, bidirectional=not causal)
+        q, k, v = qkv(lq=lq, lk=lk, grad=True)
+        out = attention(q, k, v, bias=bias, causal=causal, q_offset=q_offset, backend=backend)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads[backend] = [q.grad, k.grad, v.grad, bias.relative_attention_bias.weight.grad]
+    for a, b in zip(*grads.values()):
+        assert torch.isfinite(a).all()
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_error_ratio(dtype):
+    # Like PyTorch's own attention tests: the low-precision error against an fp64 oracle must be
+    # within a small factor of the error of a plain low-precision eager computation.
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(4)
+    q, k, v = qkv(lq=64, lk=64, d=32)
+    expected = oracle(q, k, v, bias(64, 64))
+    ql, kl, vl = q.to(dtype), k.to(dtype), v.to(dtype)
+    eager_err = (attention(ql, kl, vl, bias=bias, backend="eager").double() - expected).abs().max()
+    sdpa_out = attention(ql, kl, vl, bias=bias, backend="sdpa")
+    assert sdpa_out.dtype == dtype and torch.isfinite(sdpa_out).all()
+    assert (sdpa_out.double() - expected).abs().max() <= 3 * eager_err + 1e-3
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_bias_forms_are_interchangeable(backend):
+    bias = RelativePositionalBias(4)
+    q, k, v = qkv(lq=7, lk=11)
+    via_module = attention(q, k, v, bias=bias, backend=backend)
+    via_offsets = attention(q, k, v, bias=bias.offsets(7, 11), backend=backend)
+    via_dense = attention(q, k, v, bias=bias(7, 11), backend=backend)
+    assert torch.allclose(via_module, via_offsets, atol=1e-6)
+    assert torch.allclose(via_module, via_dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_masks_and_fully_masked_rows(backend):
+    bias = RelativePositionalBias(4)
+    q, k, v = qkv(lq=6, lk=10, grad=True)
+    keep = torch.rand(6, 10, generator=torch.Generator().manual_seed(3)) > 0.4
+    keep[2] = False  # a query that may attend to nothing
+    out = attention(q, k, v, bias=bias, attn_mask=keep, backend=backend)
+    expected = oracle(q, k, v, bias(6, 10), mask=keep)
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert torch.all(out[:, :, 2] == 0)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    additive = torch.zeros(6, 10).masked_fill(~keep, float("-inf"))
+    assert torch.allclose(attention(q, k, v, bias=bias, attn_mask=additive, backend=backend), out, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_window_bias_and_no_bias(backend):
+    rpb = RelativePositionBias(4, window_size=(3, 3))
+    q, k, v = qkv(lq=9, lk=9)
+    assert torch.allclose(attention(q, k, v, bias=rpb, backend=backend).double(), oracle(q, k, v, rpb()), atol=1e-5)
+    assert torch.allclose(attention(q, k, v, backend=backend).double(), oracle(q, k, v), atol=1e-5)
+    assert torch.allclose(
+        attention(q, k, v, causal=True, scale=1.0, backend=backend).double(), oracle(q, k, v, causal=True, scale=1.0), atol=1e-5
+    )
+
+
+def test_decode_rows_equal_parallel():
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(4, bidirectional=False)
+    q, k, v = qkv(lq=12, lk=12)
+    full = attention(q, k, v, bias=bias, causal=True)
+    for t in range(12):  # query t sees keys 0..t: the KV cache at step t
+        step = attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], bias=bias, causal=True, q_offset=t)
+        assert torch.allclose(step, full[:, :, t : t + 1], atol=1e-6)
+
+
+def test_bad_inputs():
+    q, k, v = qkv()
+    bias = RelativePositionalBias(3)
+    with pytest.raises(ValueError, match="num_heads=3 but the query has 4 heads"):
+        attention(q, k, v, bias=bias)
+    with pytest.raises(ValueError, match="query must be a 4-D tensor"):
+        attention(q[0], k, v)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attention(q, k, v, backend="flash")
+    with pytest.raises(ValueError, match="was built for"):
+        attention(q, k, v, bias=RelativePositionalBias(4).offsets(9, 9))
+    with pytest.raises(TypeError, match="bias must be a relpos bias module"):
+        attention(q, k, v, bias="t5")
+    with pytest.raises(ValueError, match="q_offset must be non-negative"):
+        attention(q, k, v, q_offset=-2)
+    with pytest.raises(ValueError, match="key's last dimension"):
+        attention(q, k[..., :4], v)
+    assert isinstance(RelativePositionalBias(4).offsets(9, 13), OffsetBias)
+
+
+def test_sdpa_receives_a_view_not_a_dense_bias(monkeypatch):
+    import torch.nn.functional as F
+
+    seen = {}
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen["mask"] = attn_mask
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    bias = RelativePositionalBias(4, bidirectional=False)
+    q, k, v = qkv(lq=64, lk=64)
+    with torch.no_grad():
+        attention(q, k, v, bias=bias, causal=True, backend="sdpa")
+    mask = seen["mask"]
+    assert mask.shape == (1, 4, 64, 64) and not mask.requires_grad
+    assert mask.untyped_storage().nbytes() == 4 * (64 + 64 - 1) * mask.element_size()  # O(H (Lq + Lk))

@@ -1,0 +1,55 @@
+"""`relpos buckets`: terminal table and JSON, both from relpos's own bucket function."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from relpos import relative_position_bucket
+from relpos.cli import main
+
+
+def run_json(capsys, *args):
+    assert main(["buckets", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("strategy", ["log", "linear", "uniform", "quadratic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_json_ranges_agree_with_bucket_function(capsys, strategy, causal):
+    args = ["--num-buckets", "16", "--max-distance", "40", "--strategy", strategy] + (["--causal"] if causal else [])
+    payload = run_json(capsys, *args)
+    assert payload["bidirectional"] is (not causal) and payload["strategy"] == strategy
+    rel = torch.arange(-60, 61)
+    buckets = relative_position_bucket(rel, bidirectional=not causal, num_buckets=16, max_distance=40, strategy=strategy)
+    for row in payload["buckets"]:
+        low = -60 if row["low"] is None else row["low"]
+        high = 60 if row["high"] is None else row["high"]
+        inside = (rel >= low) & (rel <= high)
+        assert torch.all(buckets[inside] == row["bucket"])
+        assert torch.all(buckets[~inside] != row["bucket"])
+    used = {row["bucket"] for row in payload["buckets"]}
+    assert used | set(payload["unused_buckets"]) == set(range(16))
+
+
+def test_default_table(capsys):
+    assert main(["buckets"]) == 0
+    out = capsys.readouterr().out
+    assert "num_buckets=32 max_distance=128 bidirectional" in out
+    assert "exact for |distance| < 8" in out
+    assert "    24  8 .. 11" in out and "    31  91 .. +inf" in out and "    15  -inf .. -91" in out
+    assert "unused buckets (no distance maps there): [16]" in out
+
+
+def test_bad_values_exit_2_with_message(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["buckets", "--num-buckets", "31"])
+    assert info.value.code == 2
+    assert "num_buckets must be even" in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "relpos.cli", "buckets", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["max_exact"] == 8
