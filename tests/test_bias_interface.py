@@ -1,0 +1,52 @@
+"""The bias interface: a new relative bias writes only bias_at() and gets the rest (docs/encodings.md)."""
+
+import pytest
+import torch
+
+import relpos
+
+
+class LinearDistance(relpos.RelativeBias):
+    """The example of docs/encodings.md: b = -slope_h * |j - i|."""
+
+    def __init__(self, slopes):
+        super().__init__()
+        self.num_heads = len(slopes)
+        self.register_buffer("slopes", torch.tensor(slopes))
+
+    def bias_at(self, rel):
+        return -self.slopes[:, None] * rel.abs()  # (H, n)
+
+
+def test_subclass_gets_offsets_dense_and_attention():
+    bias = LinearDistance([0.5, 0.25])
+    dense = bias.materialize(3, 4, q_offset=1)
+    rel = relpos.relative_positions(3, 4, q_offset=1)
+    assert torch.allclose(dense[0], -torch.tensor([0.5, 0.25])[:, None, None] * rel.abs())
+    assert bias.offsets(3, 4, q_offset=1).values.shape == (2, 6)
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    eager = relpos.attention(q, k, v, bias=bias, backend="eager")
+    assert torch.allclose(relpos.attention(q, k, v, bias=bias, backend="sdpa"), eager, atol=1e-6)
+
+
+def test_base_classes_refuse_what_they_cannot_do():
+    with pytest.raises(NotImplementedError):
+        relpos.RelativeBias().bias_at(torch.arange(3))
+    with pytest.raises(NotImplementedError):
+        relpos.AdditiveBias().materialize(2, 2)
+    with pytest.raises(TypeError, match="no per-offset form"):
+        relpos.AdditiveBias().offsets(2, 2)
+
+
+def test_offsets_follow_the_module_device_and_a_requested_one():
+    bias = relpos.RelativePositionalBias(2)
+    ob = bias.offsets(4, 4, device="cpu")
+    assert ob.values.device.type == "cpu" and ob.values.is_contiguous()
+
+
+def test_every_parameter_gets_a_gradient_in_t5_attention():
+    layer = relpos.T5Attention(32, 4)
+    out, _ = layer(torch.randn(2, 9, 32))
+    out.square().mean().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
