@@ -3,6 +3,8 @@
 The sign convention everywhere is T5's: ``relative_position = key_position - query_position``.
 """
 
+from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
+from .alibi import ALiBi, alibi_slopes
 from .attention import attention, resolve_bias
 from .bias import AdditiveBias, OffsetBias, RelativeBias
 from .buckets import (
@@ -15,6 +17,10 @@ from .buckets import (
     relative_positions,
     t5_bucket,
 )
+from .clipped import ClippedRelativeBias
+from .log_decay import LogDecayBias
+from .rotary import RotaryEmbedding
+from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
 from .t5_attention import T5Attention, cross_attention_with_bias
 from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
@@ -25,14 +31,22 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "STRATEGIES",
+    "ALiBi",
     "AdditiveBias",
     "BucketRange",
+    "ClippedRelativeBias",
     "FactorizedRelativePositionBias",
+    "LearnedAbsolutePositionEmbedding",
+    "LogDecayBias",
     "OffsetBias",
     "RelativeBias",
     "RelativePositionBias",
     "RelativePositionalBias",
+    "RotaryEmbedding",
+    "ShawRelativePosition",
+    "SinusoidalPositionEmbedding",
     "T5Attention",
+    "alibi_slopes",
     "attention",
     "bucket_ranges",
     "check_bucket_config",
