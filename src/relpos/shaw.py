@@ -29,6 +29,12 @@ class ShawRelativePosition(nn.Module):
 
     Row ``c`` holds offset ``c - R`` (``key - query``). ``attention(q, k, v)`` runs attention
     with both terms; ``logits(q, Lk)`` and ``output(weights)`` give each term alone.
+
+    >>> shaw = ShawRelativePosition(head_dim=2, max_distance=1)
+    >>> shaw.index(3, 4)          # which row of rel_keys / rel_values each (query, key) pair uses
+    tensor([[1, 2, 2, 2],
+            [0, 1, 2, 2],
+            [0, 0, 1, 2]])
     """
 
     def __init__(
