@@ -411,3 +411,44 @@ def test_seed003_side_by_side():
     causal = relative_positions(3, 3) <= 0
     seed = torch.tensor([[0.707, 0.1, 0.907], [-0.1, 0.707, 0.807], [0.507, 0.607, 1.414]])
     assert torch.allclose(alibi_logits[causal], seed[causal], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ClippedRelativeBias(4, 5),
+        lambda: ShawRelativePosition(8, 3),
+        lambda: LearnedAbsolutePositionEmbedding(32, 8),
+        lambda: ALiBi(6),
+        lambda: RotaryEmbedding(8),
+    ],
+)
+def test_state_dict_round_trip(make):
+    torch.manual_seed(0)
+    a = make()
+    for p in a.parameters():
+        torch.nn.init.normal_(p)
+    b = make()
+    b.load_state_dict(a.state_dict())
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb), name
+    for (name, ba), (_, bb) in zip(a.named_buffers(), b.named_buffers()):
+        assert torch.equal(ba, bb), name  # fixed buffers are rebuilt, not loaded
+
+
+@pytest.mark.parametrize(
+    "make, exc, words",
+    [
+        (lambda: ClippedRelativeBias(4, -1), ValueError, ["max_distance", "non-negative", "-1"]),
+        (lambda: ClippedRelativeBias(0, 3), ValueError, ["num_heads", "positive", "0"]),
+        (lambda: ClippedRelativeBias(4, 2.5), TypeError, ["max_distance", "int"]),
+        (lambda: LogDecayBias(0.3, num_heads=0), ValueError, ["num_heads", "positive"]),
+        (lambda: LearnedAbsolutePositionEmbedding(0, 8), ValueError, ["max_length", "positive"]),
+        (lambda: SinusoidalPositionEmbedding(8, base=-1.0), ValueError, ["base", "> 0"]),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, exc, words):
+    with pytest.raises(exc) as info:
+        make()
+    for w in words:
+        assert w in str(info.value)
