@@ -5,7 +5,7 @@ The sign convention everywhere is T5's: ``relative_position = key_position - que
 
 from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
 from .alibi import ALiBi, alibi_slopes
-from .attention import attention, resolve_bias
+from .attention import BackendChoice, attention, resolve_bias, select_backend
 from .bias import AdditiveBias, OffsetBias, RelativeBias
 from .buckets import (
     STRATEGIES,
@@ -33,6 +33,7 @@ __all__ = [
     "STRATEGIES",
     "ALiBi",
     "AdditiveBias",
+    "BackendChoice",
     "BucketRange",
     "ClippedRelativeBias",
     "FactorizedRelativePositionBias",
@@ -55,6 +56,7 @@ __all__ = [
     "relative_position_bucket",
     "relative_positions",
     "resolve_bias",
+    "select_backend",
     "t5_bucket",
     "table_size",
     "window_coords",
