@@ -110,29 +110,27 @@ def test_decode_step_with_offset_equals_parallel():
     layer = T5Attention(32, 4, bidirectional=False)
     x = torch.randn(1, 12, 32)
     full = layer(x)[0]
-    q = layer._heads(layer.q_proj(x))
-    k = layer._heads(layer.k_proj(x))
-    v = layer._heads(layer.v_proj(x))
+    q, k, v = layer._project(x, None)  # (B, H, L, dh) each
     t = 9
     step = attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], bias=layer.relative_bias,
                      causal=True, scale=1.0, q_offset=t)
-    step = layer.o_proj(step.transpose(1, 2).reshape(1, 1, -1))
+    step = layer.out(step.transpose(1, 2).reshape(1, 1, -1))
     assert torch.allclose(step[:, 0], full[:, t], atol=1e-5)
 
 
 def test_scale_none_is_seed_sqrt_d():
     layer = T5Attention(32, 4, scale=None, has_relative_bias=False)
     x = torch.randn(1, 5, 32)
-    q, k, v = (layer._heads(p(x)) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+    q, k, v = layer._project(x, None)
     ref = torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, -1) @ v
-    ref = layer.o_proj(ref.transpose(1, 2).reshape(1, 5, 32))
+    ref = layer.out(ref.transpose(1, 2).reshape(1, 5, 32))
     assert torch.allclose(layer(x)[0], ref, atol=1e-6)
 
 
 def test_bad_construction():
-    with pytest.raises(ValueError, match="dim must be divisible by num_heads"):
+    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         T5Attention(30, 4)
-    with pytest.raises(ValueError, match="relative_bias has num_heads=2"):
+    with pytest.raises(ValueError, match="position bias has num_heads=2, this layer has 4"):
         T5Attention(32, 4, relative_bias=RelativePositionalBias(2))
-    with pytest.raises(ValueError, match=r"x must be \(B, L, dim=32\)"):
+    with pytest.raises(ValueError, match=r"x must be \(B, L, embed_dim=32\)"):
         T5Attention(32, 4)(torch.randn(2, 5, 31))

@@ -19,10 +19,11 @@ from .buckets import (
 )
 from .clipped import ClippedRelativeBias
 from .log_decay import LogDecayBias
+from .mha import KVCache, MultiheadAttention
 from .rotary import RotaryEmbedding
 from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
-from .t5_attention import T5Attention, cross_attention_with_bias
+from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
 from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
 from .windows import table_size, window_coords, window_relative_position_index
 
@@ -37,8 +38,10 @@ __all__ = [
     "BucketRange",
     "ClippedRelativeBias",
     "FactorizedRelativePositionBias",
+    "KVCache",
     "LearnedAbsolutePositionEmbedding",
     "LogDecayBias",
+    "MultiheadAttention",
     "OffsetBias",
     "RelativeBias",
     "RelativePositionBias",
@@ -47,6 +50,8 @@ __all__ = [
     "ShawRelativePosition",
     "SinusoidalPositionEmbedding",
     "T5Attention",
+    "T5Block",
+    "T5Stack",
     "alibi_slopes",
     "attention",
     "bucket_ranges",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numbers
 from typing import Any, Iterable
 
+import torch
+
 __all__ = ["check_int", "check_bool", "check_choice", "check_positive_float"]
 
 
@@ -18,6 +20,8 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = 
 
     bool is rejected (``True`` is an int in Python, but never a meaningful length).
     """
+    if isinstance(value, torch.SymInt):  # a symbolic size under torch.compile: keep it symbolic
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
     value = int(value)

@@ -86,7 +86,8 @@ class RotaryEmbedding(nn.Module):
             angles = torch.cat((angles, angles), dim=-1)  # (L, d): c0 c1 ... c0 c1 ...
         return angles.cos(), angles.sin()
 
-    def _rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate ``x (..., L, d)`` as positions ``start .. start + L - 1`` (new keys of a KV cache)."""
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
         cos, sin = self.cos_sin(positions)  # (L, d) each
         xf = x.float()
@@ -103,4 +104,4 @@ class RotaryEmbedding(nn.Module):
         for name, t in (("q", q), ("k", k)):
             if t.dim() < 2 or t.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} must be (..., L, head_dim={self.head_dim}), got {tuple(t.shape)}")
-        return self._rotate(q, q_offset), self._rotate(k, 0)
+        return self.rotate(q, q_offset), self.rotate(k, 0)

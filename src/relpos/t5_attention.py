@@ -1,9 +1,8 @@
-"""Seed 000's T5 attention layer and cross-attention, on relpos's bias and attention.
+"""Seed 000's T5 attention layer, cross-attention, and a T5-style stack, on :class:`MultiheadAttention`.
 
-One :class:`RelativePositionalBias` is shared by every layer (T5's layer 0 owns the table
-and hands its bias to the others); its parameters count once. Each layer returns the bias
-it used, in per-offset form, so the next layer reuses it without recomputing or
-materializing it.
+One :class:`RelativePositionalBias` is shared by every layer (T5's layer 0 owns the table and
+hands its bias to the others); its parameters count once. Each layer returns the bias it used,
+in per-offset form, so the next layer reuses it without recomputing or materializing it.
 
 T5 does not scale logits by ``1/sqrt(d)`` (the scale is folded into its initialisation):
 ``scale=1.0`` is the default here, as in transformers. Seed 000 divides by ``sqrt(d)``;
@@ -16,15 +15,16 @@ import torch
 from torch import nn
 
 from ._checks import check_int
-from .attention import Backend, BiasLike, attention, resolve_bias
+from .attention import Backend, BiasLike, attention
 from .bias import AdditiveBias
+from .mha import KVCache, MultiheadAttention
 from .t5 import RelativePositionalBias
 
-__all__ = ["T5Attention", "cross_attention_with_bias"]
+__all__ = ["T5Attention", "T5Block", "T5Stack", "cross_attention_with_bias"]
 
 
-class T5Attention(nn.Module):
-    """Multi-head attention with a (shareable) T5 relative position bias.
+class T5Attention(MultiheadAttention):
+    """Multi-head attention with a (shareable) T5 relative position bias, seed 000's API.
 
     Args:
         dim: model width.
@@ -58,35 +58,25 @@ class T5Attention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.dim = check_int("dim", dim, minimum=1)
-        self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(
-                    f"dim must be divisible by num_heads when head_dim is not given, got dim={dim}, "
-                    f"num_heads={num_heads}; pass head_dim explicitly"
-                )
-            head_dim = dim // num_heads
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
-        inner = self.num_heads * self.head_dim
-        factory = {"device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(dim, inner, bias=False, **factory)
-        self.k_proj = nn.Linear(dim, inner, bias=False, **factory)
-        self.v_proj = nn.Linear(dim, inner, bias=False, **factory)
-        self.o_proj = nn.Linear(inner, dim, bias=False, **factory)
         if relative_bias is None and has_relative_bias:
-            relative_bias = RelativePositionalBias(num_heads, num_buckets, max_distance, bidirectional, **factory)
-        if relative_bias is not None and relative_bias.num_heads != num_heads:
-            raise ValueError(f"relative_bias has num_heads={relative_bias.num_heads}, this layer has {num_heads}")
-        self.relative_bias = relative_bias
-        self.causal = (not bidirectional) if causal is None else causal
-        self.scale = scale
-        self.backend = backend
+            relative_bias = RelativePositionalBias(
+                num_heads, num_buckets, max_distance, bidirectional, device=device, dtype=dtype
+            )
+        super().__init__(
+            dim,
+            num_heads,
+            position=relative_bias,
+            head_dim=head_dim,
+            causal=(not bidirectional) if causal is None else causal,
+            scale=scale,
+            backend=backend,
+            device=device,
+            dtype=dtype,
+        )
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, dh)
+    @property
+    def relative_bias(self) -> AdditiveBias | None:
+        return self.position
 
     def forward(
         self,
@@ -95,36 +85,13 @@ class T5Attention(nn.Module):
         position_bias: BiasLike = None,
         *,
         key_value_states: torch.Tensor | None = None,
-        q_offset: int = 0,
+        cache: KVCache | None = None,
+        q_offset: int | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
-        """Self-attention over ``x`` (B, L, dim), or cross-attention to ``key_value_states``.
-
-        Returns the output (B, L, dim) and the bias used (an :class:`~relpos.OffsetBias` for
-        relative biases), to pass to the next layer as ``position_bias``.
-        """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be (B, L, dim={self.dim}), got {tuple(x.shape)}")
-        source = x if key_value_states is None else key_value_states
-        q = self._heads(self.q_proj(x))  # (B, H, Lq, dh)
-        k = self._heads(self.k_proj(source))  # (B, H, Lk, dh)
-        v = self._heads(self.v_proj(source))  # (B, H, Lk, dh)
-        if position_bias is None:  # this layer owns the bias: build it once, hand it on
-            position_bias = resolve_bias(
-                self.relative_bias, q.shape[2], k.shape[2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
-            )
-        out = attention(
-            q,
-            k,
-            v,
-            bias=position_bias,
-            causal=self.causal and key_value_states is None,
-            attn_mask=mask,
-            scale=self.scale,
-            q_offset=q_offset,
-            backend=self.backend,
-        )  # (B, H, Lq, dh)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, Lq, H*dh)
-        return self.o_proj(out), position_bias
+        """Self-attention over ``x`` (B, L, dim), or cross-attention to ``key_value_states``."""
+        return super().forward(
+            x, memory=key_value_states, cache=cache, attn_mask=mask, position_bias=position_bias, q_offset=q_offset
+        )
 
     @classmethod
     def from_hf(cls, hf_attention: nn.Module, *, backend: Backend = "auto") -> "T5Attention":
@@ -133,6 +100,7 @@ class T5Attention(nn.Module):
         Only attributes are read; transformers is not imported.
         """
         config = hf_attention.config
+        weight = hf_attention.q.weight
         layer = cls(
             config.d_model,
             config.num_heads,
@@ -144,15 +112,111 @@ class T5Attention(nn.Module):
             causal=bool(config.is_decoder),
             scale=1.0,
             backend=backend,
-            device=hf_attention.q.weight.device,
-            dtype=hf_attention.q.weight.dtype,
+            device=weight.device,
+            dtype=weight.dtype,
         )
         with torch.no_grad():
-            for ours, theirs in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o")):
-                getattr(layer, ours).weight.copy_(getattr(hf_attention, theirs).weight)
+            layer.qkv.weight.copy_(torch.cat([hf_attention.q.weight, hf_attention.k.weight, hf_attention.v.weight]))
+            layer.out.weight.copy_(hf_attention.o.weight)
             if layer.relative_bias is not None:
                 layer.relative_bias.relative_attention_bias.weight.copy_(hf_attention.relative_attention_bias.weight)
         return layer
+
+
+class T5Block(nn.Module):
+    """Pre-norm T5 block: self-attention, optional cross-attention, ReLU feed-forward (no biases)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ff_dim: int,
+        *,
+        relative_bias: AdditiveBias,
+        causal: bool,
+        cross_attention: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.self_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
+        self.self_attn = T5Attention(dim, num_heads, relative_bias=relative_bias, causal=causal, backend=backend, **factory)
+        self.cross_norm = nn.RMSNorm(dim, eps=1e-6, **factory) if cross_attention else None
+        self.cross_attn = (
+            T5Attention(dim, num_heads, has_relative_bias=False, backend=backend, **factory) if cross_attention else None
+        )
+        self.ff_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
+        self.ff = nn.Sequential(
+            nn.Linear(dim, ff_dim, bias=False, **factory), nn.ReLU(), nn.Linear(ff_dim, dim, bias=False, **factory)
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        position_bias: BiasLike = None,
+        memory: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, BiasLike]:
+        h, position_bias = self.self_attn(self.self_norm(x), position_bias=position_bias, cache=cache)
+        x = x + h  # (B, L, dim)
+        if self.cross_attn is not None and memory is not None:
+            x = x + self.cross_attn(self.cross_norm(x), key_value_states=memory)[0]
+        return x + self.ff(self.ff_norm(x)), position_bias
+
+
+class T5Stack(nn.Module):
+    """A T5 encoder (``bidirectional=True``) or decoder stack with ONE relative bias for all layers.
+
+    ``forward(x, memory=None, caches=None)``: ``x`` (B, L, dim) embeddings; ``memory`` the
+    encoder output (decoder with ``cross_attention=True``); ``caches`` one :class:`KVCache` per
+    layer for token-by-token decoding. Layer 0 builds the bias, the others reuse it.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        dim: int,
+        num_heads: int,
+        ff_dim: int,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        cross_attention: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_int("num_layers", num_layers, minimum=1)
+        factory = {"device": device, "dtype": dtype}
+        self.relative_bias = RelativePositionalBias(num_heads, num_buckets, max_distance, bidirectional, **factory)
+        self.blocks = nn.ModuleList(
+            T5Block(
+                dim, num_heads, ff_dim, relative_bias=self.relative_bias, causal=not bidirectional,
+                cross_attention=cross_attention, backend=backend, **factory,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
+
+    def new_caches(self) -> list[KVCache]:
+        return [KVCache() for _ in self.blocks]
+
+    def forward(
+        self, x: torch.Tensor, *, memory: torch.Tensor | None = None, caches: list[KVCache] | None = None
+    ) -> torch.Tensor:
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"caches must hold one KVCache per layer ({len(self.blocks)}), got {len(caches)}")
+        position_bias = None
+        for i, block in enumerate(self.blocks):
+            x, position_bias = block(
+                x, position_bias=position_bias, memory=memory, cache=None if caches is None else caches[i]
+            )
+        return self.final_norm(x)
 
 
 def cross_attention_with_bias(

@@ -1,0 +1,178 @@
+"""Multi-head attention that takes any relpos position encoding, with a KV cache for decoding.
+
+``position`` is one of: an additive bias (T5, clipped, ALiBi, log-decay, windowed), a
+:class:`RotaryEmbedding` (rotates q and k), a :class:`ShawRelativePosition` (relative keys and
+values), or ``None``. Queries of a decoding step sit after the cached keys
+(``q_offset = cache.length``), so every encoding gets its positions right by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_int
+from .attention import Backend, BiasLike, attention, resolve_bias
+from .bias import AdditiveBias
+from .rotary import RotaryEmbedding
+from .shaw import ShawRelativePosition
+
+__all__ = ["KVCache", "MultiheadAttention", "PositionEncoding"]
+
+PositionEncoding = Union[AdditiveBias, RotaryEmbedding, ShawRelativePosition, None]
+
+
+class KVCache:
+    """Keys and values seen so far by one attention layer, ``(B, Hkv, T, d)`` each."""
+
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[-2]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new ``(B, Hkv, L, d)`` keys and values; return everything cached."""
+        if self.key is None:
+            self.key, self.value = key, value
+        else:
+            self.key = torch.cat([self.key, key], dim=-2)  # (B, Hkv, T + L, d)
+            self.value = torch.cat([self.value, value], dim=-2)
+        return self.key, self.value
+
+
+class MultiheadAttention(nn.Module):
+    """Self- or cross-attention with a relpos position encoding.
+
+    Args:
+        embed_dim: model width.
+        num_heads: query heads.
+        position: the position encoding (see the module docstring); an additive bias module may
+            be shared by many layers (its parameters count once).
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
+        head_dim: per-head width (default ``embed_dim // num_heads``).
+        causal: mask future keys in self-attention.
+        scale: logit scale, ``None`` for ``1/sqrt(head_dim)``.
+        bias: whether the projections have biases.
+        backend: attention backend (:func:`relpos.attention`).
+
+    The q, k and v projections are one fused ``qkv`` linear layer (seed 002); cross-attention
+    applies its query rows to ``x`` and its key/value rows to ``memory``.
+    ``forward`` returns ``(output, position_bias)``: the bias it used (an ``OffsetBias`` for
+    relative biases), to hand to the next layer so the bias is built once per forward.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        position: PositionEncoding = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = False,
+        scale: float | None = None,
+        bias: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads or num_heads, minimum=1)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(
+                    f"embed_dim must be divisible by num_heads when head_dim is not given, got embed_dim={embed_dim}, "
+                    f"num_heads={num_heads}; pass head_dim explicitly"
+                )
+            head_dim = embed_dim // num_heads
+        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        self._check_position(position)
+        self.position = position
+        self.causal = causal
+        self.scale = scale
+        self.backend = backend
+        factory = {"device": device, "dtype": dtype}
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv = nn.Linear(embed_dim, q_width + 2 * kv_width, bias=bias, **factory)
+        self.out = nn.Linear(q_width, embed_dim, bias=bias, **factory)
+
+    def _check_position(self, position: PositionEncoding) -> None:
+        if position is None:
+            return
+        if isinstance(position, AdditiveBias):
+            if position.num_heads not in (1, self.num_heads):
+                raise ValueError(f"position bias has num_heads={position.num_heads}, this layer has {self.num_heads}")
+        elif isinstance(position, (RotaryEmbedding, ShawRelativePosition)):
+            if position.head_dim != self.head_dim:
+                raise ValueError(f"position has head_dim={position.head_dim}, this layer has head_dim={self.head_dim}")
+        else:
+            raise TypeError(
+                "position must be a relpos additive bias, RotaryEmbedding, ShawRelativePosition or None; "
+                f"got {type(position).__name__}"
+            )
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)  # (B, heads, L, dh)
+
+    def _project(self, x: torch.Tensor, memory: torch.Tensor | None):
+        q_width = self.num_heads * self.head_dim
+        if memory is None:
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)  # (B, L, H*dh), (B, L, Hkv*dh) x2
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, w[:q_width], None if b is None else b[:q_width])  # (B, Lq, H*dh)
+            k, v = F.linear(memory, w[q_width:], None if b is None else b[q_width:]).chunk(2, dim=-1)  # (B, Lk, Hkv*dh)
+        return self._split(q, self.num_heads), self._split(k, self.num_kv_heads), self._split(v, self.num_kv_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        attn_mask: torch.Tensor | None = None,
+        position_bias: BiasLike = None,
+        q_offset: int | None = None,
+    ) -> tuple[torch.Tensor, BiasLike]:
+        """``x`` (B, Lq, embed_dim); ``memory`` (B, Lk, embed_dim) for cross-attention.
+
+        With a ``cache`` (self-attention) the new keys and values are appended to it and the
+        queries take positions ``cache.length ..``; ``q_offset`` overrides that position.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        if q_offset is None:
+            q_offset = cache.length if cache is not None and memory is None else 0
+        q, k, v = self._project(x, memory)  # (B, H, Lq, dh), (B, Hkv, L, dh) x2
+        position = self.position
+        if isinstance(position, RotaryEmbedding):
+            q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, T, dh): all keys so far
+        causal = self.causal and memory is None
+        if isinstance(position, ShawRelativePosition):
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = position.attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset)
+        else:
+            if position_bias is None and isinstance(position, AdditiveBias):
+                position_bias = resolve_bias(
+                    position, q.shape[-2], k.shape[-2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
+                )
+            out = attention(
+                q, k, v, bias=position_bias, causal=causal, attn_mask=attn_mask, scale=self.scale,
+                q_offset=q_offset, backend=self.backend,
+            )  # (B, H, Lq, dh)
+        out = out.transpose(1, 2).flatten(-2)  # (B, Lq, H*dh)
+        return self.out(out), position_bias
