@@ -76,7 +76,10 @@ class OffsetBias:
         biased result with no (H, Lq, Lk) copy (``as_strided`` cannot express the Toeplitz
         form itself: it would need a negative stride). Gradients flow into :attr:`values`.
         """
-        return self.values.unfold(-1, self.key_length, 1).unsqueeze(0)  # (1, H, Lq, Lk)
+        values = self.values.contiguous()  # (H, n), stride (n, 1)
+        shape = (1, values.shape[0], self.query_length, self.key_length)
+        # as_strided, not unfold: unfold would pin key_length to a constant under torch.compile
+        return values.as_strided(shape, (0, values.stride(0), 1, 1))  # (1, H, Lq, Lk), row r = values[r : r + Lk]
 
     def dense(self) -> torch.Tensor:
         """(1, H, Lq, Lk) materialized bias ``b[h, i, j]`` (a copy)."""

@@ -1,0 +1,106 @@
+"""MultiheadAttention with every encoding: decoding with a KV cache equals the parallel forward."""
+
+import pytest
+import torch
+
+import relpos
+from relpos import KVCache, MultiheadAttention, T5Stack
+
+
+def encodings(heads=4, head_dim=8):
+    return {
+        "none": lambda: None,
+        "t5": lambda: relpos.RelativePositionalBias(heads, bidirectional=False),
+        "clipped": lambda: relpos.ClippedRelativeBias(heads, 3),
+        "alibi": lambda: relpos.ALiBi(heads),
+        "log_decay": lambda: relpos.LogDecayBias(0.3),
+        "rope": lambda: relpos.RotaryEmbedding(head_dim),
+        "rope_interleaved": lambda: relpos.RotaryEmbedding(head_dim, interleaved=True),
+        "shaw": lambda: relpos.ShawRelativePosition(head_dim, 3, init_std=0.5),
+    }
+
+
+@pytest.mark.parametrize("name", list(encodings()))
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_decode_with_cache_equals_parallel(name, num_kv_heads):
+    torch.manual_seed(0)
+    position = encodings()[name]()
+    for p in [] if position is None else position.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    layer = MultiheadAttention(32, 4, position=position, num_kv_heads=num_kv_heads, causal=True)
+    x = torch.randn(2, 11, 32)
+    with torch.no_grad():
+        full, _ = layer(x)
+        cache = KVCache()
+        steps = [layer(x[:, :3], cache=cache)[0]]  # a prompt of 3 tokens, then one token at a time
+        for t in range(3, 11):
+            steps.append(layer(x[:, t : t + 1], cache=cache)[0])
+    assert cache.length == 11
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(encodings()))
+def test_every_encoding_trains(name):
+    torch.manual_seed(0)
+    position = encodings()[name]()
+    layer = MultiheadAttention(32, 4, position=position, causal=True)
+    out, _ = layer(torch.randn(2, 9, 32))
+    out.square().mean().backward()
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+
+
+def test_cross_attention_and_shared_bias():
+    shared = relpos.RelativePositionalBias(4)
+    a = MultiheadAttention(32, 4, position=shared)
+    b = MultiheadAttention(32, 4, position=shared)
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 12, 32)
+    out, ob = a(x, memory=memory)
+    assert out.shape == (2, 5, 32) and (ob.query_length, ob.key_length) == (5, 12)
+    out2, same = b(x, memory=memory, position_bias=ob)
+    assert same is ob
+    assert sum(p.numel() for p in torch.nn.ModuleList([a, b]).parameters()) == 2 * (32 * 96 + 32 * 32) + 32 * 4
+
+
+def test_rope_cross_attention_positions_start_at_zero():
+    rope = relpos.RotaryEmbedding(8)
+    layer = MultiheadAttention(32, 4, position=rope)
+    x, memory = torch.randn(1, 3, 32), torch.randn(1, 7, 32)
+    out, _ = layer(x, memory=memory)
+    assert out.shape == (1, 3, 32)
+
+
+def test_bad_construction():
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        MultiheadAttention(32, 4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="position has head_dim=16, this layer has head_dim=8"):
+        MultiheadAttention(32, 4, position=relpos.RotaryEmbedding(16))
+    with pytest.raises(TypeError, match="position must be a relpos additive bias"):
+        MultiheadAttention(32, 4, position="rope")
+    with pytest.raises(ValueError, match="position bias has num_heads=3"):
+        MultiheadAttention(32, 4, position=relpos.ALiBi(3))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_t5_decoder_stack_decodes_token_by_token(backend):
+    torch.manual_seed(0)
+    encoder = T5Stack(2, 32, 4, 64, bidirectional=True, backend=backend)
+    decoder = T5Stack(3, 32, 4, 64, bidirectional=False, cross_attention=True, backend=backend)
+    assert sum(p.numel() for n, p in decoder.named_parameters() if "relative_attention_bias" in n) == 32 * 4
+    src, tgt = torch.randn(2, 9, 32), torch.randn(2, 7, 32)
+    with torch.no_grad():
+        memory = encoder(src)
+        full = decoder(tgt, memory=memory)
+        caches = decoder.new_caches()
+        steps = [decoder(tgt[:, t : t + 1], memory=memory, caches=caches) for t in range(7)]
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    with pytest.raises(ValueError, match="one KVCache per layer"):
+        decoder(tgt, memory=memory, caches=caches[:1])
+
+
+def test_t5_stack_trains_through_fused_path():
+    torch.manual_seed(0)
+    stack = T5Stack(2, 32, 4, 64, bidirectional=False)
+    stack(torch.randn(2, 16, 32)).square().mean().backward()
+    grad = stack.relative_bias.relative_attention_bias.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
