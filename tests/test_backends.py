@@ -102,9 +102,12 @@ def test_grouped_query_attention(backend):
 
 def test_auto_choices_and_reasons():
     bias = RelativePositionalBias(4)
-    q, k, v = qkv(lq=16, lk=16)
-    learn = select_backend(q, k, v, bias=bias.offsets(16, 16))
+    big = qkv(lq=512, lk=512)  # 2 * 4 * 512 * 512 = 2**21 scores: the fused path pays off
+    learn = select_backend(*big, bias=bias.offsets(512, 512))
     assert learn.backend == "fused" and "math kernel" in learn.rejected["sdpa"]
+    q, k, v = qkv(lq=16, lk=16)
+    small = select_backend(q, k, v, bias=bias.offsets(16, 16))
+    assert small.backend == "sdpa" and "faster at this size" in small.rejected["fused"]
     with torch.no_grad():
         frozen = select_backend(q, k, v, bias=bias.offsets(16, 16))
     assert frozen.backend == "sdpa" and "no gradient" in frozen.rejected["fused"]
@@ -126,7 +129,7 @@ def test_auto_trains_through_fused_without_dense_memory(monkeypatch):
     real = attention_module.biased_attention_fused
     monkeypatch.setattr(attention_module, "biased_attention_fused", lambda *a: calls.append(1) or real(*a))
     bias = RelativePositionalBias(4)
-    q, k, v = qkv(lq=32, lk=32, grad=True)
+    q, k, v = qkv(lq=512, lk=512, grad=True)
     attention(q, k, v, bias=bias).sum().backward()
     assert calls and bias.relative_attention_bias.weight.grad is not None
 

@@ -98,7 +98,7 @@ def test_t5_decoder_stack_decodes_token_by_token(backend):
         decoder(tgt, memory=memory, caches=caches[:1])
 
 
-def test_t5_stack_trains_through_fused_path():
+def test_t5_stack_trains_the_shared_table():
     torch.manual_seed(0)
     stack = T5Stack(2, 32, 4, 64, bidirectional=False)
     stack(torch.randn(2, 16, 32)).square().mean().backward()

@@ -37,6 +37,7 @@ __all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", 
 Backend = Literal["auto", "eager", "sdpa", "fused", "flex"]
 BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex")
 BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
+_FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
 
 
 def resolve_bias(
@@ -121,6 +122,8 @@ def select_backend(
         fused_no = "needs a per-offset bias and no attn_mask"
     elif not fused_available(query):
         fused_no = f"needs torch's CPU flash kernel; query is {query.dtype} on {query.device.type}"
+    if bias_grad and fused_no is None and query.shape[0] * query.shape[1] * query.shape[2] * key.shape[2] < _FUSED_MIN_SCORES:
+        fused_no = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
     if bias_grad and fused_no is None:
         rejected["sdpa"] = "the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)"
         rejected["flex"] = flex_no or "fused is the CPU training path"

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=STRATEGIES, default="log")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_buckets)
+    b = sub.add_parser("bench", help="benchmark attention with a T5 bias against transformers and SDPA")
+    from .bench import add_arguments, run_from_args
+
+    add_arguments(b)
+    b.set_defaults(func=run_from_args)
     return parser
 
 
