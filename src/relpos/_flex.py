@@ -16,6 +16,8 @@ from .bias import OffsetBias
 
 __all__ = ["flex_biased_attention"]
 
+_MAX_SHAPES = 256
+
 
 @lru_cache(maxsize=1)
 def _compiled_flex():
@@ -55,4 +57,9 @@ def flex_biased_attention(
             return kv_idx <= q_idx + q_offset
 
         block_mask = create_block_mask(causal_mask, None, None, query_length, key_length, device=query.device)
-    return _compiled_flex()(query, key, value, score_mod=_score_mod(values, query_length), block_mask=block_mask, scale=scale)
+    # Every new (Lq, Lk) compiles a kernel. Past dynamo's default limit of 8 it would silently fall
+    # back to unfused flex, which materializes (B, H, Lq, Lk): allow many shapes instead.
+    with torch._dynamo.config.patch(recompile_limit=_MAX_SHAPES):
+        return _compiled_flex()(
+            query, key, value, score_mod=_score_mod(values, query_length), block_mask=block_mask, scale=scale
+        )

@@ -248,14 +248,18 @@ def _dense_mask(
     return total
 
 
+def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim; a row that is entirely ``-inf`` gives zeros (and finite gradients)."""
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., Lq, 1): nothing to attend to
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+
+
 def _eager(query, key, value, bias, causal, attn_mask, scale, q_offset) -> torch.Tensor:
     scores = (query @ key.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
     mask = _dense_mask(query, key.shape[2], bias, causal, attn_mask, q_offset)
     if mask is not None:
         scores = scores + mask
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (B, H, Lq, 1): nothing to attend to
-    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)  # (B, H, Lq, Lk)
-    return weights @ value  # (B, H, Lq, dv)
+    return masked_softmax(scores) @ value  # (B, H, Lq, dv)
 
 
 def _sdpa(query, key, value, bias, causal, attn_mask, scale, q_offset) -> torch.Tensor:

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 import relpos
 
+from ._progress import Progress
+
 __all__ = ["BenchConfig", "run_bench", "markdown_tables"]
 
 HEADS, HEAD_DIM, SCALE = 8, 64, 0.125
@@ -160,22 +162,7 @@ def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) ->
     return copies * dense <= limit_gib
 
 
-class _Progress:
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, time.perf_counter()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done)
-        bar = "#" * int(30 * self.done / self.total)
-        sys.stderr.write(f"\r[{bar:<30}] {self.done}/{self.total} {label:<40} ETA {eta / 60:4.1f} min")
-        sys.stderr.flush()
-        if self.done == self.total:
-            sys.stderr.write("\n")
-
-
-def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: _Progress, label: str) -> dict[str, tuple]:
+def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress, label: str) -> dict[str, tuple]:
     samples: dict[str, list] = {name: [] for name in variants}
     peaks: dict[str, list] = {name: [] for name in variants}
     for name, fn in variants.items():  # warm-up (and flex compilation), not timed
@@ -197,7 +184,7 @@ def run_bench(config: BenchConfig) -> dict:
     ours.relative_attention_bias.load_state_dict(hf.relative_attention_bias.state_dict())
     plan = [(m, b, n) for m in config.modes for b in config.batches for n in config.lengths]
     counts = {"build": 2, "decode": 3, "forward": 5, "train": 7}
-    progress = _Progress(sum(counts[m] * config.rounds for m, b, n in plan if m not in ("build", "decode") or b == 1))
+    progress = Progress(sum(counts[m] * config.rounds for m, b, n in plan if m not in ("build", "decode") or b == 1))
     results: list[Result] = []
     for mode, batch, length in plan:
         label = f"{mode} B={batch} L={length}"
@@ -230,17 +217,21 @@ def run_bench(config: BenchConfig) -> dict:
     }
 
 
-MICRO_REPEATS = 20  # build and decode calls are sub-millisecond: time 20 calls per sample, report one
-
-
 def _micro_variants(mode: str, length: int, hf, ours) -> dict[str, Callable]:
     def no_grad(fn):
+        """Sub-millisecond calls: time enough of them (about 20 ms) per sample, report one call."""
+        with torch.no_grad():
+            start = time.perf_counter()
+            fn()
+            once = time.perf_counter() - start
+        repeats = max(1, min(200, int(0.02 / max(once, 1e-6))))
+
         def run():
             with torch.no_grad():
-                for _ in range(MICRO_REPEATS):
+                for _ in range(repeats):
                     fn()
 
-        run.repeats = MICRO_REPEATS
+        run.repeats = repeats
         return run
 
     if mode == "build":

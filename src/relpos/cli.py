@@ -1,6 +1,8 @@
 """The ``relpos`` command line.
 
+``relpos extrapolate``: the main job, train short and test long with every encoding.
 ``relpos buckets``: which relative positions (key - query) fall in each bucket.
+``relpos bench``: attention with a T5 bias against transformers and SDPA with no bias.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=STRATEGIES, default="log")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_buckets)
+    e = sub.add_parser("extrapolate", help="train short, test long: every position encoding side by side")
+    from .extrapolate import add_arguments as add_extrapolate_arguments, run_from_args as run_extrapolate
+
+    add_extrapolate_arguments(e)
+    e.set_defaults(func=run_extrapolate)
     b = sub.add_parser("bench", help="benchmark attention with a T5 bias against transformers and SDPA")
     from .bench import add_arguments, run_from_args
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ._checks import check_bool, check_int
-from .attention import _dense_mask
+from .attention import _dense_mask, masked_softmax
 from .buckets import relative_positions
 
 __all__ = ["ShawRelativePosition"]
@@ -103,8 +103,7 @@ class ShawRelativePosition(nn.Module):
         mask = _dense_mask(q, k.shape[-2], None, causal, attn_mask, q_offset)
         if mask is not None:
             scores = scores + mask
-        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # nothing to attend to
-        weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)  # (B, H, Lq, Lk)
+        weights = masked_softmax(scores)  # (B, H, Lq, Lk)
         out = weights @ v  # (B, H, Lq, d)
         if self.rel_values is not None:
             out = out + self.output(weights, q_offset=q_offset)

@@ -1,0 +1,104 @@
+"""Byte-level corpora for the length-generalization experiment.
+
+The default corpus exists on every machine: the source files of the running Python's standard
+library (tests and site-packages excluded), sorted by path and split deterministically into
+train and validation files. ``load_corpus(path)`` reads a text file or every file under a folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import sysconfig
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Corpus", "stdlib_corpus", "load_corpus", "sample_batch", "eval_windows"]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Train and validation byte streams (uint8 tensors) and where they came from."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.train.numel() / 1e6:.2f} MB train, {self.val.numel() / 1e6:.2f} MB validation"
+
+
+def _is_validation(relative_path: str, fraction: float) -> bool:
+    digest = hashlib.sha256(relative_path.encode()).digest()  # stable across machines and runs
+    return int.from_bytes(digest[:4], "big") / 2**32 < fraction
+
+
+def _split(files: list[tuple[str, bytes]], source: str, val_fraction: float, max_bytes: int | None) -> Corpus:
+    train, val = bytearray(), bytearray()
+    for rel, data in files:
+        (val if _is_validation(rel, val_fraction) else train).extend(data + b"\n")
+    if not val and len(files) == 1:  # a single file: its last part is the validation set
+        cut = int(len(train) * (1 - val_fraction))
+        train, val = train[:cut], train[cut:]
+    if max_bytes is not None:
+        train, val = train[:max_bytes], val[: max(1, int(max_bytes * val_fraction))]
+    if len(train) < 2 or len(val) < 2:
+        raise ValueError(f"corpus {source!r} is too small to split into train and validation bytes")
+    as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()  # noqa: E731
+    return Corpus(as_tensor(train), as_tensor(val), source)
+
+
+def stdlib_corpus(*, val_fraction: float = 0.1, max_bytes: int | None = None) -> Corpus:
+    """The running Python's standard library sources (``*.py``, no tests), split by file."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(
+        p for p in root.rglob("*.py") if not {"site-packages", "test", "tests", "idlelib"} & set(p.relative_to(root).parts)
+    )
+    files = [(str(p.relative_to(root)), p.read_bytes()) for p in paths]
+    return _split(files, f"python {sysconfig.get_python_version()} stdlib ({len(files)} files)", val_fraction, max_bytes)
+
+
+def load_corpus(path: str | pathlib.Path, *, val_fraction: float = 0.1, max_bytes: int | None = None) -> Corpus:
+    """A text file, or every file under a folder (sorted), split into train and validation.
+
+    Raises ``ValueError`` for a missing path, an empty corpus, or binary content (NUL bytes or
+    mostly non-text bytes): the experiment models text bytes.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ValueError(f"--corpus {str(path)!r} does not exist; give a text file or a folder of text files")
+    paths = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = []
+    for p in paths:
+        data = p.read_bytes()
+        if not data:
+            continue
+        sample = data[:65536]
+        printable = sum(32 <= b < 127 or b in (9, 10, 13) or b >= 128 for b in sample)
+        if b"\x00" in sample or printable < 0.95 * len(sample):
+            raise ValueError(f"--corpus file {str(p)!r} looks binary (NUL or non-text bytes); give text files")
+        files.append((str(p.relative_to(path)) if p != path else p.name, data))
+    if not files:
+        raise ValueError(f"--corpus {str(path)!r} holds no text: it is empty")
+    return _split(files, str(path), val_fraction, max_bytes)
+
+
+def sample_batch(stream: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` random windows: inputs (B, L) and next-byte targets (B, L), int64."""
+    if stream.numel() < length + 1:
+        raise ValueError(f"the training stream has {stream.numel()} bytes, fewer than length + 1 = {length + 1}")
+    starts = torch.randint(0, stream.numel() - length, (batch,), generator=generator)  # (B,)
+    idx = starts[:, None] + torch.arange(length + 1)[None, :]  # (B, L + 1)
+    window = stream[idx].long()
+    return window[:, :-1], window[:, 1:]
+
+
+def eval_windows(stream: torch.Tensor, length: int, max_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-overlapping validation windows of ``length`` from the start of the stream."""
+    count = min(max_windows, (stream.numel() - 1) // length)
+    if count < 1:
+        raise ValueError(f"the validation stream ({stream.numel()} bytes) is shorter than one window of {length + 1}")
+    idx = torch.arange(count)[:, None] * length + torch.arange(length + 1)[None, :]  # (N, L + 1)
+    window = stream[idx].long()
+    return window[:, :-1], window[:, 1:]

@@ -1,0 +1,126 @@
+"""A small byte-level decoder-only transformer whose only variable is its position encoding.
+
+``TransformerLM(LMConfig(encoding="t5"))``: embeddings, ``layers`` pre-norm blocks of relpos
+:class:`MultiheadAttention` (causal) and a GELU MLP, a final RMSNorm, and an output layer tied to
+the embeddings. Relative biases are built once and shared by every layer (T5's convention);
+Shaw's relative vectors belong to each layer, as in the paper; absolute embeddings are added to
+the token embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_choice, check_int
+from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
+from .alibi import ALiBi
+from .buckets import STRATEGIES
+from .clipped import ClippedRelativeBias
+from .log_decay import LogDecayBias
+from .mha import KVCache, MultiheadAttention
+from .rotary import RotaryEmbedding
+from .shaw import ShawRelativePosition
+from .t5 import RelativePositionalBias
+
+__all__ = ["ENCODINGS", "LMConfig", "TransformerLM"]
+
+ENCODINGS: tuple[str, ...] = ("none", "learned", "sinusoidal", "t5", "clipped", "alibi", "rope", "log_decay", "shaw")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    encoding: str = "t5"
+    dim: int = 128
+    layers: int = 2
+    heads: int = 4
+    ff_mult: int = 4
+    train_len: int = 64  # the learned absolute table has exactly this many positions
+    num_buckets: int = 32
+    max_distance: int = 64  # T5: distances at or past it share the last bucket
+    strategy: str = "log"
+    clip_distance: int = 32  # clipped bias and Shaw vectors: offsets beyond share the end value
+    log_decay_scale: float = 0.3
+    vocab: int = 256
+
+    def __post_init__(self) -> None:
+        check_choice("encoding", self.encoding, ENCODINGS)
+        check_choice("strategy", self.strategy, STRATEGIES)
+        for name in ("dim", "layers", "heads", "ff_mult", "train_len", "vocab"):
+            check_int(name, getattr(self, name), minimum=1)
+        if self.dim % self.heads:
+            raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
+
+    def with_(self, **changes) -> "LMConfig":
+        return replace(self, **changes)
+
+
+def _shared_position(config: LMConfig, head_dim: int):
+    """The relative encoding every layer shares (None for absolute, Shaw and NoPE)."""
+    heads = config.heads
+    return {
+        "t5": lambda: RelativePositionalBias(
+            heads, config.num_buckets, config.max_distance, bidirectional=False, strategy=config.strategy
+        ),
+        "clipped": lambda: ClippedRelativeBias(heads, config.clip_distance),
+        "alibi": lambda: ALiBi(heads),
+        "log_decay": lambda: LogDecayBias(config.log_decay_scale, num_heads=1),
+        "rope": lambda: RotaryEmbedding(head_dim),
+    }.get(config.encoding, lambda: None)()
+
+
+class Block(nn.Module):
+    def __init__(self, config: LMConfig, position) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.dim)
+        self.attn = MultiheadAttention(config.dim, config.heads, position=position, causal=True)
+        self.mlp_norm = nn.RMSNorm(config.dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.dim, config.ff_mult * config.dim), nn.GELU(), nn.Linear(config.ff_mult * config.dim, config.dim)
+        )
+
+    def forward(self, x: torch.Tensor, position_bias=None, cache: KVCache | None = None):
+        h, position_bias = self.attn(self.attn_norm(x), position_bias=position_bias, cache=cache)
+        x = x + h  # (B, L, D)
+        return x + self.mlp(self.mlp_norm(x)), position_bias
+
+
+class TransformerLM(nn.Module):
+    """Byte-level causal LM; ``forward(tokens (B, L)) -> logits (B, L, vocab)``."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = config.dim // config.heads
+        self.embed = nn.Embedding(config.vocab, config.dim)
+        self.absolute = {
+            "learned": lambda: LearnedAbsolutePositionEmbedding(config.train_len, config.dim),
+            "sinusoidal": lambda: SinusoidalPositionEmbedding(config.dim),
+        }.get(config.encoding, lambda: None)()
+        self.position = _shared_position(config, head_dim)
+        self.blocks = nn.ModuleList(
+            Block(
+                config,
+                ShawRelativePosition(head_dim, config.clip_distance) if config.encoding == "shaw" else self.position,
+            )
+            for _ in range(config.layers)
+        )
+        self.norm = nn.RMSNorm(config.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def max_length(self) -> int | None:
+        """The longest input this model can represent (``None``: unbounded)."""
+        return self.config.train_len if self.config.encoding == "learned" else None
+
+    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        offset = 0 if caches is None else caches[0].length
+        x = self.embed(tokens)  # (B, L, D)
+        if self.absolute is not None:
+            x = self.absolute(x, offset=offset)
+        position_bias = None
+        for i, block in enumerate(self.blocks):
+            x, position_bias = block(x, position_bias, None if caches is None else caches[i])
+        return F.linear(self.norm(x), self.embed.weight)  # (B, L, vocab), tied output layer

@@ -1,0 +1,190 @@
+"""relpos extrapolate: runs every encoding, reports n/a past the learned table, resumes, scales out."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from relpos import extrapolate as ex
+from relpos.corpus import eval_windows, load_corpus, sample_batch, stdlib_corpus
+from relpos.lm import ENCODINGS, LMConfig, TransformerLM
+
+
+def smoke(tmp_path, **changes):
+    config = ex.RunConfig(**{**ex.PRESETS["smoke"], "out": str(tmp_path), "progress": False, **changes})
+    return config
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("extrapolate")
+    return out, ex.run(ex.RunConfig(**{**ex.PRESETS["smoke"], "out": str(out), "progress": False}))
+
+
+def test_every_encoding_trained_and_evaluated(smoke_report):
+    out, report = smoke_report
+    assert list(report["results"]) == list(ENCODINGS)
+    lengths = [str(16 * m) for m in (1, 2, 4, 8, 16)]
+    for name, r in report["results"].items():
+        assert r["train_loss"] < 5.6  # below uniform over 256 bytes (ln 256 = 5.55) after 12 steps: it learned
+        for n in lengths:
+            e = r["eval"][n]
+            if name == "learned" and n != "16":
+                assert e is None  # past its table: not applicable, not a crash
+            else:
+                assert 0 < e["bits_per_byte"] < 9 and e["perplexity"] > 1
+    assert report["results"]["alibi"]["position_parameters"] == 0
+    assert report["results"]["t5"]["position_parameters"] == 32 * 2  # one table shared by both layers
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["environment"]["relpos"] and saved["environment"]["torch"] == torch.__version__
+    table = (out / "results.md").read_text()
+    assert "n/a (no position past its table)" in table and "| t5 |" in table
+
+
+def test_plot_is_written_and_not_blank(smoke_report):
+    import matplotlib.image as mpimg
+
+    out, _ = smoke_report
+    image = mpimg.imread(out / "extrapolate.png")
+    assert image.shape[0] > 300 and image.shape[1] > 500
+    assert image[..., :3].std() > 0.05  # lines and text, not an empty canvas
+
+
+def test_same_data_order_for_every_encoding():
+    corpus = stdlib_corpus(max_bytes=50_000)
+    a = sample_batch(corpus.train, 4, 16, torch.Generator().manual_seed(7))
+    b = sample_batch(corpus.train, 4, 16, torch.Generator().manual_seed(7))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0][:, 1:], a[1][:, :-1])
+
+
+def test_stdlib_split_is_deterministic_and_disjoint():
+    one, two = stdlib_corpus(max_bytes=100_000), stdlib_corpus(max_bytes=100_000)
+    assert torch.equal(one.train, two.train) and torch.equal(one.val, two.val)
+    assert "stdlib" in one.source
+    x, y = eval_windows(one.val, 32, 5)
+    assert x.shape == (5, 32) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_resume_continues_where_it_stopped(tmp_path, monkeypatch):
+    straight = ex.run(smoke(tmp_path / "a", encodings=("t5",), checkpoint_every=6))
+
+    real = ex.train_steps
+
+    def crash_after_step_8(model, optimizer, corpus, config, start, stop, **kw):
+        real(model, optimizer, corpus, config, start, min(stop, 8), **kw)
+        if stop > 8:
+            raise KeyboardInterrupt("simulated crash")
+
+    monkeypatch.setattr(ex, "train_steps", crash_after_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6))
+    monkeypatch.setattr(ex, "train_steps", real)
+    state = torch.load(tmp_path / "b" / "checkpoints" / "t5.pt", weights_only=True)
+    assert state["step"] == 6
+    resumed = ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6, resume=True))
+    for n, e in straight["results"]["t5"]["eval"].items():
+        assert resumed["results"]["t5"]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5)
+
+
+def test_ablations_build_the_t5_variants(tmp_path):
+    config = smoke(tmp_path, buckets=(8, 16))
+    assert [n for n, _ in ex.experiments(config)] == ["t5 8 buckets", "t5 16 buckets"]
+    config = smoke(tmp_path, bucketing=("log", "uniform"))
+    runs = ex.experiments(config)
+    assert [c.strategy for _, c in runs] == ["log", "uniform"] and all(c.encoding == "t5" for _, c in runs)
+
+
+def test_corpus_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no text: it is empty"):
+        load_corpus(tmp_path / "empty")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 10)
+    with pytest.raises(ValueError, match="looks binary"):
+        load_corpus(tmp_path / "blob.bin")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_corpus(tmp_path / "missing.txt")
+    text = tmp_path / "book.txt"
+    text.write_text("the cat sat on the mat. " * 400)
+    corpus = load_corpus(text)
+    assert corpus.train.numel() > corpus.val.numel() > 0
+
+
+def test_cli_arguments_are_validated():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ex.add_arguments(parser)
+    with pytest.raises(ValueError, match="--encodings: unknown"):
+        ex.config_from_args(parser.parse_args(["--encodings", "t5,fourier"]))
+    with pytest.raises(ValueError, match="--bucketing must be among"):
+        ex.config_from_args(parser.parse_args(["--bucketing", "cubic"]))
+    with pytest.raises(ValueError, match="--steps must be positive"):
+        ex.config_from_args(parser.parse_args(["--steps", "0"]))
+
+
+def test_model_decodes_with_caches_like_parallel():
+    torch.manual_seed(0)
+    for encoding in ("t5", "rope", "sinusoidal", "shaw"):
+        model = TransformerLM(LMConfig(encoding=encoding, dim=32, layers=2, heads=2, train_len=16)).eval()
+        tokens = torch.randint(0, 256, (1, 12))
+        with torch.no_grad():
+            full = model(tokens)
+            caches = [ex_cache() for _ in model.blocks]
+            steps = torch.cat([model(tokens[:, t : t + 1], caches=caches) for t in range(12)], dim=1)
+        assert torch.allclose(steps, full, atol=1e-4), encoding
+
+
+def ex_cache():
+    from relpos import KVCache
+
+    return KVCache()
+
+
+# --- scale-out ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(encoding="t5", dim=32, layers=2, heads=2, train_len=16))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = ex.RunConfig(**{**ex.PRESETS["smoke"], "batch": 8})
+    losses = ex.train_steps(ddp, optimizer, stdlib_corpus(max_bytes=100_000), config, 0, 1, rank=rank, world=world)
+    table = model.position.relative_attention_bias.weight
+    torch.save({"loss": losses[0], "weight": table.detach().clone(), "grad": table.grad.clone()}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path):
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert a["loss"] != b["loss"]  # each rank saw its own half of the batch ...
+    assert torch.equal(a["grad"], b["grad"])  # ... and DDP averaged the gradients
+    assert torch.equal(a["weight"], b["weight"])
+    assert a["grad"].abs().sum() > 0
+
+
+def test_torchrun_runs_the_cli_unchanged(tmp_path):
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        "-m", "relpos.extrapolate", "--preset", "smoke", "--encodings", "alibi", "--steps", "3",
+        "--out", str(tmp_path), "--no-plot", "--no-progress",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["world_size"] == 2 and "alibi" in report["results"]
