@@ -10,7 +10,7 @@ gradient in the backward pass block by block over query rows:
     dq = dS k * scale,  dk += dS^T q * scale,  dv += P^T dO
     d values[t] += sum over the block's anti-diagonal t of sum_b dS     (the bias gradient)
 
-Only one (B*H, rows, Lk) block lives at a time (about 2**21 elements), never (B, H, Lq, Lk).
+Only one (H, rows, Lk) block lives at a time (about 2**21 elements), never (B, H, Lq, Lk).
 """
 
 from __future__ import annotations
@@ -73,22 +73,23 @@ class _BiasedAttention(torch.autograd.Function):
         lse3 = lse.reshape(bh, lq, 1).to(acc)
         dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
         dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if ctx.needs_input_grad[3] else None
-        rows = max(1, _BLOCK_ELEMENTS // (bh * lk))
-        for r0 in range(0, lq, rows):
-            r1 = min(lq, r0 + rows)
-            qb, gb = q3[:, r0:r1], g3[:, r0:r1]  # (BH, R, d)
-            p = torch.bmm(qb, k3.transpose(1, 2)).mul_(scale)  # (BH, R, Lk) logits
-            p.view(batch, heads, r1 - r0, lk).add_(mask[:, r0:r1])
-            p.sub_(lse3[:, r0:r1]).exp_()  # probabilities
-            ds = torch.bmm(gb, v3.transpose(1, 2)).sub_(delta[:, r0:r1]).mul_(p)  # (BH, R, Lk) dS
-            dv.baddbmm_(p.transpose(1, 2), gb)
-            dq[:, r0:r1] = torch.bmm(ds, k3)
-            dk.baddbmm_(ds.transpose(1, 2), qb)
-            if dvalues is not None:
-                per_head = ds.view(batch, heads, r1 - r0, lk).sum(0)  # (H, R, Lk)
-                if values.shape[0] == 1:
-                    per_head = per_head.sum(0, keepdim=True)  # one bias shared by every head
-                dvalues[:, r0 : r1 + lk - 1] += antidiagonal_sums(per_head)
+        # Batch outermost: a block is (H, rows, Lk) whatever B is, so rows (the matmuls' M) stay large.
+        rows = max(1, _BLOCK_ELEMENTS // (heads * lk))
+        for b in range(batch):
+            hs = slice(b * heads, (b + 1) * heads)  # this batch element's heads in the (B*H) layout
+            kb, vb = k3[hs], v3[hs]  # (H, Lk, d)
+            for r0 in range(0, lq, rows):
+                r1 = min(lq, r0 + rows)
+                qb, gb = q3[hs, r0:r1], g3[hs, r0:r1]  # (H, R, d)
+                p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, r0:r1])  # (H, R, Lk) logits
+                p.sub_(lse3[hs, r0:r1]).exp_()  # probabilities
+                ds = torch.bmm(gb, vb.transpose(1, 2)).sub_(delta[hs, r0:r1]).mul_(p)  # (H, R, Lk) dS
+                dv[hs].baddbmm_(p.transpose(1, 2), gb)
+                dq[hs, r0:r1] = torch.bmm(ds, kb)
+                dk[hs].baddbmm_(ds.transpose(1, 2), qb)
+                if dvalues is not None:
+                    per_head = ds.sum(0, keepdim=True) if values.shape[0] == 1 else ds  # a shared bias sums heads
+                    dvalues[:, r0 : r1 + lk - 1] += antidiagonal_sums(per_head)
         grads = (
             dq.mul_(scale).view(q.shape).to(q.dtype),
             dk.mul_(scale).view(k.shape).to(k.dtype),
