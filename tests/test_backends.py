@@ -32,11 +32,12 @@ def run(backend, bias_name, lq, lk, causal, q_offset, dtype=torch.float32):
     return out.detach(), [q.grad, k.grad, v.grad] + [p.grad for p in bias.parameters()]
 
 
+@pytest.mark.parametrize("backend", ["fused", "sdpa"])
 @pytest.mark.parametrize("bias_name", ["t5", "clipped", "alibi", "log_decay"])
 @pytest.mark.parametrize("lq, lk, causal, q_offset", CASES)
-def test_fused_equals_eager(bias_name, lq, lk, causal, q_offset):
+def test_backend_equals_eager_with_gradients(backend, bias_name, lq, lk, causal, q_offset):
     out_e, grads_e = run("eager", bias_name, lq, lk, causal, q_offset)
-    out_f, grads_f = run("fused", bias_name, lq, lk, causal, q_offset)
+    out_f, grads_f = run(backend, bias_name, lq, lk, causal, q_offset)
     assert torch.allclose(out_f, out_e, atol=1e-5)
     assert len(grads_f) == len(grads_e)
     for gf, ge in zip(grads_f, grads_e):

@@ -188,3 +188,12 @@ def test_torchrun_runs_the_cli_unchanged(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["world_size"] == 2 and "alibi" in report["results"]
+
+
+def test_ablation_run_prints_seed000_table(tmp_path):
+    report = ex.run(smoke(tmp_path, buckets=(8, 16), steps=3, plot=False))
+    table = (tmp_path / "results.md").read_text()
+    assert "| Buckets | Params (bias) | Train PPL | Test PPL | Length Gen (2x) |" in table
+    rows = [line for line in table.splitlines() if line.startswith(("| 8 |", "| 16 |"))]
+    assert len(rows) == 2 and rows[0].split("|")[2].strip() == str(8 * 2)  # 8 buckets x 2 heads
+    assert set(report["results"]) == {"t5 8 buckets", "t5 16 buckets"}

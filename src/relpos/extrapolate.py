@@ -34,10 +34,10 @@ from .lm import ENCODINGS, LMConfig, TransformerLM
 __all__ = ["PRESETS", "RunConfig", "experiments", "train_steps", "evaluate", "run", "main"]
 
 PRESETS: dict[str, dict] = {
-    # about 5 minutes for the nine encodings on 2 CPU cores
-    "default": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=350, lr=3e-3, eval_tokens=16384, max_bytes=2_000_000),
-    # longer and larger: better numbers (tens of minutes on 2 cores)
-    "full": dict(dim=128, layers=3, heads=4, train_len=128, batch=32, steps=2000, lr=2e-3, eval_tokens=65536, max_bytes=None),
+    # about 4 minutes for the nine encodings on 2 CPU cores (docs/extrapolate.md)
+    "default": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, lr=3e-3, eval_tokens=16384, max_bytes=2_000_000),
+    # longer and larger, for better numbers: about 20 minutes on 2 cores
+    "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536, max_bytes=None),
     # seconds: for tests and a first look
     "smoke": dict(dim=32, layers=1, heads=2, train_len=16, batch=8, steps=12, lr=3e-3, eval_tokens=512, max_bytes=200_000),
 }
@@ -51,7 +51,7 @@ class RunConfig:
     heads: int = 4
     train_len: int = 64
     batch: int = 32
-    steps: int = 350
+    steps: int = 1000
     lr: float = 3e-3
     eval_tokens: int = 16384
     max_bytes: int | None = 2_000_000
@@ -73,12 +73,19 @@ def experiments(config: RunConfig) -> list[tuple[str, LMConfig]]:
     """(name, model config) of every model the run trains."""
     base = LMConfig(
         dim=config.dim, layers=config.layers, heads=config.heads, train_len=config.train_len,
-        max_distance=config.train_len, clip_distance=max(1, config.train_len // 2),
+        clip_distance=max(1, config.train_len // 2),
     )
-    runs = [(f"t5 {n} buckets", base.with_(encoding="t5", num_buckets=n)) for n in config.buckets]
-    runs += [(f"t5 {s}", base.with_(encoding="t5", strategy=s)) for s in config.bucketing]
+
+    def t5(num_buckets: int = 32, strategy: str = "log") -> LMConfig:
+        # the far bucket starts at the training length, so that it is trained; it must lie above
+        # the causal exact range (num_buckets // 2)
+        max_distance = max(config.train_len, num_buckets // 2 + 1)
+        return base.with_(encoding="t5", num_buckets=num_buckets, strategy=strategy, max_distance=max_distance)
+
+    runs = [(f"t5 {n} buckets", t5(num_buckets=n)) for n in config.buckets]
+    runs += [(f"t5 {s}", t5(strategy=s)) for s in config.bucketing]
     if not runs:
-        runs = [(e, base.with_(encoding=e)) for e in config.encodings]
+        runs = [(e, t5() if e == "t5" else base.with_(encoding=e)) for e in config.encodings]
     return runs
 
 
@@ -266,12 +273,31 @@ def markdown_table(report: dict) -> str:
             e = r["eval"].get(str(n))
             cells.append("n/a (no position past its table)" if e is None else f"{e['bits_per_byte']:.3f}")
         lines.append(f"| {name} | {r['parameters']:,} ({r['position_parameters']:,}) | {r['train_loss']:.3f} | " + " | ".join(cells) + " |")
+    if config["buckets"] or config["bucketing"]:
+        lines += ["", ablation_table(report)]
     env = report["environment"]
     lines += [
         "",
         f"bits per byte on held-out {report['corpus']}; trained at length {config['train_len']} for {config['steps']} steps "
         f"of {config['batch']} windows; relpos {env['relpos']}, torch {env['torch']}, {env['machine']}, {env['threads']} threads.",
     ]
+    return "\n".join(lines)
+
+
+def ablation_table(report: dict) -> str:
+    """Seed 000's ablation layout: per-byte perplexities at the training length and at 2x."""
+    config = report["config"]
+    n1, n2 = str(config["train_len"]), str(2 * config["train_len"])
+    first = "Buckets" if config["buckets"] else "Strategy"
+    lines = [f"| {first} | Params (bias) | Train PPL | Test PPL | Length Gen (2x) |", "|---|---|---|---|---|"]
+    for name, r in report["results"].items():
+        key = str(r["model"]["num_buckets"]) if config["buckets"] else r["model"]["strategy"]
+        gen = r["eval"].get(n2)
+        gen_text = "n/a" if gen is None else f"{gen['perplexity']:.3f}"
+        lines.append(
+            f"| {key} | {r['position_parameters']} | {math.exp(r['train_loss']):.3f} | "
+            f"{r['eval'][n1]['perplexity']:.3f} | {gen_text} |"
+        )
     return "\n".join(lines)
 
 
@@ -289,7 +315,10 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path | None:
     for name, r in report["results"].items():
         points = [(int(n), e["bits_per_byte"]) for n, e in r["eval"].items() if e is not None]
         xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, marker="o", label=name)
+        if len(points) == 1:  # e.g. learned absolute: one point, drawn so it is not hidden behind a line
+            ax.plot(xs, ys, marker="X", markersize=11, linestyle="none", zorder=5, label=f"{name} (n/a past its table)")
+        else:
+            ax.plot(xs, ys, marker="o", label=name)
     ax.axvline(config["train_len"], color="gray", linestyle="--", label=f"train length {config['train_len']}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (bytes)")
