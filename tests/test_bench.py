@@ -1,0 +1,26 @@
+"""relpos bench runs end to end at a tiny size and reports every variant (no timing assertions)."""
+
+import json
+
+from relpos.bench import BenchConfig, markdown_tables, ratio_summary, run_bench
+from relpos.cli import main
+
+
+def test_bench_reports_every_variant():
+    report = run_bench(BenchConfig(lengths=(64,), batches=(1,), rounds=1, flex=False))
+    variants = {(r["mode"], r["variant"]) for r in report["results"]}
+    assert ("train", "relpos_fused") in variants and ("forward", "hf_eager") in variants
+    assert ("build", "hf_compute_bias") in variants and ("decode", "relpos_decode_step") in variants
+    assert all(r["ms"] > 0 for r in report["results"])
+    text = markdown_tables(report)
+    assert "### forward" in text and "### train" in text and "| 1 | 64 |" in text
+    assert len(ratio_summary(report, 64)) == 14
+    assert report["machine"]["torch"] and report["machine"]["transformers"]
+
+
+def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    assert main(["bench", "--lengths", "32", "--batches", "1", "--modes", "build,decode", "--rounds", "1",
+                 "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    assert json.loads(out_json.read_text())["results"]
+    assert "### build" in out_md.read_text() and "machine:" in capsys.readouterr().out
