@@ -14,7 +14,7 @@ def test_bench_reports_every_variant():
     assert all(r["ms"] > 0 for r in report["results"])
     text = markdown_tables(report)
     assert "### forward" in text and "### train" in text and "| 1 | 64 |" in text
-    assert len(ratio_summary(report, 64)) == 14
+    assert len(ratio_summary(report, 64)) == 13  # build, 4 per batch size x 2, 2 memory, 2 decode
     assert report["machine"]["torch"] and report["machine"]["transformers"]
 
 

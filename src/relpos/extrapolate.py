@@ -34,9 +34,9 @@ from .lm import ENCODINGS, LMConfig, TransformerLM
 __all__ = ["PRESETS", "RunConfig", "experiments", "train_steps", "evaluate", "run", "main"]
 
 PRESETS: dict[str, dict] = {
-    # about 4 minutes for the nine encodings on 2 CPU cores (docs/extrapolate.md)
+    # about 3 minutes for the nine encodings on 2 CPU cores (docs/extrapolate.md)
     "default": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, lr=3e-3, eval_tokens=16384, max_bytes=2_000_000),
-    # longer and larger, for better numbers: about 20 minutes on 2 cores
+    # longer and larger, for better numbers: about 15 minutes on 2 cores
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536, max_bytes=None),
     # seconds: for tests and a first look
     "smoke": dict(dim=32, layers=1, heads=2, train_len=16, batch=8, steps=12, lr=3e-3, eval_tokens=512, max_bytes=200_000),
