@@ -104,3 +104,15 @@ def test_t5_stack_trains_the_shared_table():
     stack(torch.randn(2, 16, 32)).square().mean().backward()
     grad = stack.relative_bias.relative_attention_bias.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_cross_attention_cache_holds_the_memory_once():
+    torch.manual_seed(0)
+    layer = MultiheadAttention(32, 4, position=relpos.RelativePositionalBias(4))
+    x, memory = torch.randn(2, 6, 32), torch.randn(2, 10, 32)
+    with torch.no_grad():
+        full, _ = layer(x, memory=memory)
+        cache = KVCache()
+        steps = [layer(x[:, t : t + 1], memory=memory, cache=cache, q_offset=t)[0] for t in range(6)]
+    assert cache.length == 10  # stored once, not once per step
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)

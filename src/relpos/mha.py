@@ -148,7 +148,9 @@ class MultiheadAttention(nn.Module):
         """``x`` (B, Lq, embed_dim); ``memory`` (B, Lk, embed_dim) for cross-attention.
 
         With a ``cache`` (self-attention) the new keys and values are appended to it and the
-        queries take positions ``cache.length ..``; ``q_offset`` overrides that position.
+        queries take positions ``cache.length ..``; ``q_offset`` overrides that position. With a
+        ``cache`` in cross-attention the memory's keys and values are stored on the first call and
+        reused after (the queries' positions start at 0 unless ``q_offset`` says otherwise).
         """
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
@@ -158,8 +160,10 @@ class MultiheadAttention(nn.Module):
         position = self.position
         if isinstance(position, RotaryEmbedding):
             q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0)
-        if cache is not None:
+        if cache is not None and memory is None:
             k, v = cache.update(k, v)  # (B, Hkv, T, dh): all keys so far
+        elif cache is not None:  # cross-attention: the memory's keys and values are cached once
+            k, v = cache.update(k, v) if cache.key is None else (cache.key, cache.value)
         causal = self.causal and memory is None
         if isinstance(position, ShawRelativePosition):
             group = self.num_heads // self.num_kv_heads
