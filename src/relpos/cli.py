@@ -2,6 +2,7 @@
 
 ``relpos extrapolate``: the main job, train short and test long with every encoding.
 ``relpos buckets``: which relative positions (key - query) fall in each bucket.
+``relpos plot``: heatmaps of buckets, biases, and standard vs biased attention.
 ``relpos bench``: attention with a T5 bias against transformers and SDPA with no bias.
 """
 
@@ -62,6 +63,30 @@ def _cmd_buckets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from . import plots
+
+    if args.what == "buckets":
+        path = plots.plot_buckets(
+            args.output, num_buckets=args.num_buckets, max_distance=args.max_distance or 128, causal=args.causal,
+            strategy=args.strategy, length=args.length or 64,
+        )
+    elif args.what == "bias":
+        options = {}
+        if args.kind == "t5":
+            options = {"num_buckets": args.num_buckets, "max_distance": args.max_distance or 128}
+        elif args.kind == "clipped" and args.max_distance is not None:
+            options = {"max_distance": args.max_distance}
+        elif args.kind == "log_decay":
+            options = {"scale": args.scale}
+        default_length = 49 if args.kind == "window2d" else 32
+        path = plots.plot_bias(args.output, args.kind, length=args.length or default_length, causal=args.causal, seed=args.seed, **options)
+    else:
+        path = plots.plot_attention(args.output, scale=args.scale)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relpos", description="Relative position encodings for attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=STRATEGIES, default="log")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_buckets)
+    pl = sub.add_parser("plot", help="heatmaps of buckets, biases, and standard vs biased attention (PNG)")
+    pl.add_argument("what", choices=("buckets", "bias", "attention"))
+    pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
+    pl.add_argument("--kind", default="t5", help="bias to plot: t5, window2d, clipped, alibi, log_decay")
+    pl.add_argument("--length", type=int, default=None, help="sequence length (window2d: positions, a square)")
+    pl.add_argument("--num-buckets", type=int, default=32)
+    pl.add_argument("--max-distance", type=int, default=None)
+    pl.add_argument("--causal", action="store_true")
+    pl.add_argument("--strategy", choices=STRATEGIES, default="log")
+    pl.add_argument("--scale", type=float, default=0.3, help="log-decay scale (attention, log_decay)")
+    pl.add_argument("--seed", type=int, default=0, help="initialisation of learned tables")
+    pl.set_defaults(func=_cmd_plot)
     e = sub.add_parser("extrapolate", help="train short, test long: every position encoding side by side")
     from .extrapolate import add_arguments as add_extrapolate_arguments, run_from_args as run_extrapolate
 
