@@ -30,6 +30,7 @@ __all__ = [
     "t5_bucket",
     "BucketRange",
     "bucket_ranges",
+    "bucket_table",
 ]
 
 BucketStrategy = Literal["log", "linear", "uniform", "quadratic"]
@@ -252,3 +253,27 @@ def bucket_ranges(
             )
         )
     return ranges
+
+
+def bucket_table(
+    num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True, strategy: BucketStrategy = "log"
+) -> dict:
+    """JSON-ready description of a bucketing: its ranges, exact region and unused buckets.
+
+    The one source of ``relpos buckets --json`` and of the explorer page.
+    """
+    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
+        num_buckets, max_distance, bidirectional, strategy
+    )
+    ranges = bucket_ranges(num_buckets, max_distance, bidirectional=bidirectional, strategy=strategy)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    return {
+        "num_buckets": num_buckets,
+        "max_distance": max_distance,
+        "bidirectional": bidirectional,
+        "strategy": strategy,
+        "convention": "relative_position = key_position - query_position",
+        "max_exact": 0 if strategy == "uniform" else half // 2,
+        "buckets": [{"bucket": r.bucket, "low": r.low, "high": r.high, "exact": r.exact} for r in ranges],
+        "unused_buckets": sorted(set(range(num_buckets)) - {r.bucket for r in ranges}),
+    }

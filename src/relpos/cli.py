@@ -3,6 +3,7 @@
 ``relpos extrapolate``: the main job, train short and test long with every encoding.
 ``relpos buckets``: which relative positions (key - query) fall in each bucket.
 ``relpos plot``: heatmaps of buckets, biases, and standard vs biased attention.
+``relpos explore``: the interactive page, served locally.
 ``relpos bench``: attention with a T5 bias against transformers and SDPA with no bias.
 """
 
@@ -13,27 +14,9 @@ import json
 import sys
 from typing import Sequence
 
-from .buckets import STRATEGIES, bucket_ranges, check_bucket_config
+from .buckets import STRATEGIES, bucket_table
 
 __all__ = ["main"]
-
-
-def _buckets_payload(args: argparse.Namespace) -> dict:
-    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
-        args.num_buckets, args.max_distance, not args.causal, args.strategy
-    )
-    ranges = bucket_ranges(num_buckets, max_distance, bidirectional=bidirectional, strategy=strategy)
-    half = num_buckets // 2 if bidirectional else num_buckets
-    return {
-        "num_buckets": num_buckets,
-        "max_distance": max_distance,
-        "bidirectional": bidirectional,
-        "strategy": strategy,
-        "convention": "relative_position = key_position - query_position",
-        "max_exact": 0 if strategy == "uniform" else half // 2,
-        "buckets": [{"bucket": r.bucket, "low": r.low, "high": r.high, "exact": r.exact} for r in ranges],
-        "unused_buckets": sorted(set(range(num_buckets)) - {r.bucket for r in ranges}),
-    }
 
 
 def _print_buckets(payload: dict) -> None:
@@ -54,7 +37,7 @@ def _print_buckets(payload: dict) -> None:
 
 
 def _cmd_buckets(args: argparse.Namespace) -> int:
-    payload = _buckets_payload(args)
+    payload = bucket_table(args.num_buckets, args.max_distance, bidirectional=not args.causal, strategy=args.strategy)
     if args.json:
         json.dump(payload, sys.stdout, indent=2)
         print()
@@ -87,6 +70,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from .explore import serve
+
+    serve(args.host, args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relpos", description="Relative position encodings for attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--scale", type=float, default=0.3, help="log-decay scale (attention, log_decay)")
     pl.add_argument("--seed", type=int, default=0, help="initialisation of learned tables")
     pl.set_defaults(func=_cmd_plot)
+    ex = sub.add_parser("explore", help="serve the interactive page on 127.0.0.1 (a free port, printed)")
+    ex.add_argument("--host", default="127.0.0.1")
+    ex.add_argument("--port", type=int, default=0, help="0: a free port")
+    ex.set_defaults(func=_cmd_explore)
     e = sub.add_parser("extrapolate", help="train short, test long: every position encoding side by side")
     from .extrapolate import add_arguments as add_extrapolate_arguments, run_from_args as run_extrapolate
 

@@ -1,0 +1,129 @@
+"""relpos explore: the JSON endpoints are relpos's numbers; bad values get a 400 and a message;
+the page, driven in a real headless Chromium, shows those numbers and the messages."""
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+import relpos
+from relpos import plots
+from relpos.explore import make_server, serve
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    server = serve(port=0, block=False)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.loads(response.read()) if "/api/" in url else response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_bucket_endpoint_is_relpos(base_url):
+    status, data = get(base_url + "/api/buckets?num_buckets=16&max_distance=40&causal=1&strategy=quadratic")
+    assert status == 200
+    assert data == relpos.bucket_table(16, 40, bidirectional=False, strategy="quadratic")
+
+
+def test_bias_and_attention_endpoints_are_relpos(base_url):
+    status, data = get(base_url + "/api/bias?kind=alibi&length=8&causal=1")
+    assert status == 200 and torch.equal(torch.tensor(data["matrix"]), plots.bias_matrix("alibi", 8, causal=True))
+    status, data = get(base_url + "/api/attention?scale=0.5")
+    standard, biased = plots.seed004_weights(0.5)
+    assert status == 200 and torch.allclose(torch.tensor(data["biased"], dtype=torch.float64), biased)
+
+
+@pytest.mark.parametrize(
+    "query, words",
+    [
+        ("/api/buckets?num_buckets=31", ["num_buckets must be even", "31"]),
+        ("/api/buckets?num_buckets=abc", ["num_buckets must be an integer", "abc"]),
+        ("/api/buckets?max_distance=4", ["max_distance must be >"]),
+        ("/api/buckets?strategy=cubic", ["strategy must be one of"]),
+        ("/api/bias?kind=fourier", ["kind must be one of"]),
+        ("/api/bias?length=100000", ["length must be between 1 and 128"]),
+        ("/api/bias?kind=window2d&length=10", ["square number"]),
+        ("/api/attention?scale=-1", ["scale must be a finite number > 0"]),
+        ("/api/bias?causal=maybe", ["causal must be true or false"]),
+    ],
+)
+def test_bad_values_get_400_and_a_message(base_url, query, words):
+    status, data = get(base_url + query)
+    assert status == 400
+    for w in words:
+        assert w in data["error"]
+    assert get(base_url + "/api/buckets")[0] == 200  # the server is still up
+
+
+def test_static_files_and_404(base_url):
+    status, page = get(base_url + "/")
+    assert status == 200 and "relpos explore" in page and "/app.js" in page
+    for asset in ("/app.js", "/style.css"):
+        assert get(base_url + asset)[0] == 200
+    assert "https://" not in page and "https://" not in get(base_url + "/app.js")[1]  # nothing from outside
+    assert get(base_url + "/nope")[0] == 404
+    assert get(base_url + "/../pyproject.toml")[0] == 404
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_page_in_a_real_browser(base_url):
+    from playwright.sync_api import sync_playwright
+
+    args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page()
+        page.goto(base_url + "/")
+        page.wait_for_selector("#buckets-table tbody tr")
+        # default T5: the table shows exactly relpos's ranges
+        rows = page.eval_on_selector_all("#buckets-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+        expected = relpos.bucket_table(32, 128)["buckets"]
+        assert [int(r[0]) for r in rows] == [b["bucket"] for b in expected]
+        assert ["24", "8 .. 11", "range"] in rows and ["15", "-inf .. -91", "range"] in rows
+        assert page.text_content("#max-exact") == "8" and page.text_content("#unused") == "16"
+        # move the controls: causal, 16 buckets
+        page.fill("#num-buckets", "16")
+        page.check("#causal")
+        page.wait_for_function("document.querySelector('#max-exact').textContent === '8' && document.querySelectorAll('#buckets-table tbody tr').length === 16")
+        rows = page.eval_on_selector_all("#buckets-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+        causal = relpos.bucket_table(16, 128, bidirectional=False)["buckets"]
+        assert [int(r[0]) for r in rows] == [b["bucket"] for b in causal]
+        # a bad value: the message from relpos appears on the page, the table stays usable
+        page.uncheck("#causal")
+        page.fill("#num-buckets", "31")
+        page.wait_for_function("document.querySelector('#buckets-error').textContent.length > 0")
+        assert "num_buckets must be even" in page.text_content("#buckets-error")
+        page.fill("#num-buckets", "32")
+        page.wait_for_function("document.querySelector('#buckets-error').textContent === ''")
+        # attention tables: relpos's seed 004 weights to 4 decimals
+        page.wait_for_selector("#biased-table tr:nth-child(2) td")
+        shown = page.eval_on_selector_all("#biased-table tr", "rs => rs.slice(1).map(r => [...r.querySelectorAll('td')].map(c => Number(c.textContent)))")
+        _, biased = plots.seed004_weights(0.3)
+        assert torch.allclose(torch.tensor(shown, dtype=torch.float64), biased, atol=5e-5)
+        page.fill("#attention-scale", "0")
+        page.wait_for_function("document.querySelector('#attention-error').textContent.length > 0")
+        assert "scale must be a finite number > 0" in page.text_content("#attention-error")
+        # the bias heatmap is drawn (non-blank canvas)
+        page.fill("#bias-length", "24")
+        page.wait_for_function("document.querySelector('#bias-canvas').dataset.n === '24'")
+        drawn = page.evaluate("""() => { const c = document.querySelector('#bias-canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const seen = new Set(); for (let i = 0; i < d.length; i += 4 * 97) seen.add(d[i] + ',' + d[i+1] + ',' + d[i+2]);
+            return seen.size; }""")
+        assert drawn > 5
+        browser.close()
