@@ -99,7 +99,7 @@ def plot_buckets(
         max_distance=max_distance, strategy=strategy,
     )
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
-    im = ax.imshow(buckets, cmap="viridis", interpolation="nearest")
+    im = ax.imshow(buckets.numpy(), cmap="viridis", interpolation="nearest")
     fig.colorbar(im, ax=ax, label="bucket")
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
@@ -114,7 +114,7 @@ def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False,
     plt = _pyplot()
     matrix = bias_matrix(kind, length, seed=seed, causal=causal, **options)
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
-    im = ax.imshow(matrix, cmap="RdBu_r", interpolation="nearest")
+    im = ax.imshow(matrix.numpy(), cmap="RdBu_r", interpolation="nearest")
     fig.colorbar(im, ax=ax, label="bias added to the logit")
     ax.set_xlabel("key position j" if kind != "window2d" else "key patch (raster order)")
     ax.set_ylabel("query position i" if kind != "window2d" else "query patch (raster order)")
@@ -134,7 +134,7 @@ def plot_attention(path, *, scale: float = 0.3) -> pathlib.Path:
               (biased - standard, "difference (biased - standard)", "RdBu_r")]
     for ax, (matrix, title, cmap) in zip(axes, panels):
         limit = matrix.abs().max().item() if cmap == "RdBu_r" else None
-        im = ax.imshow(matrix, cmap=cmap, vmin=-limit if limit else None, vmax=limit)
+        im = ax.imshow(matrix.numpy(), cmap=cmap, vmin=-limit if limit else None, vmax=limit)
         for i in range(5):
             for j in range(5):
                 ax.text(j, i, f"{matrix[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white" if cmap == "viridis" else "black")
