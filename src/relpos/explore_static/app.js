@@ -8,6 +8,20 @@ async function getJSON(path, params) {
   return body;
 }
 
+// Typing fires many requests; answers can arrive out of order. Each view keeps only the answer
+// (or the error) of its latest request, so the page never shows a state older than its controls.
+const latest = {};
+async function getLatest(view, path, params) {
+  const id = (latest[view] = (latest[view] || 0) + 1);
+  try {
+    const data = await getJSON(path, params);
+    return id === latest[view] ? data : null;
+  } catch (err) {
+    if (id === latest[view]) throw err;
+    return null;
+  }
+}
+
 function formParams(form) {
   const params = {};
   for (const el of form.elements) {
@@ -22,7 +36,8 @@ function show(errorId, message) { document.getElementById(errorId).textContent =
 async function updateBuckets() {
   const form = document.getElementById("buckets-form");
   try {
-    const data = await getJSON("/api/buckets", formParams(form));
+    const data = await getLatest("buckets", "/api/buckets", formParams(form));
+    if (data === null) return;
     show("buckets-error", "");
     document.getElementById("max-exact").textContent = data.max_exact;
     document.getElementById("unused").textContent = data.unused_buckets.length ? data.unused_buckets.join(", ") : "none";
@@ -49,7 +64,8 @@ let biasMatrix = [];
 async function updateBias() {
   const form = document.getElementById("bias-form");
   try {
-    const data = await getJSON("/api/bias", formParams(form));
+    const data = await getLatest("bias", "/api/bias", formParams(form));
+    if (data === null) return;
     show("bias-error", "");
     biasMatrix = data.matrix;
     const canvas = document.getElementById("bias-canvas"), ctx = canvas.getContext("2d");
@@ -79,7 +95,8 @@ function fillTable(id, tokens, matrix) {
 
 async function updateAttention() {
   try {
-    const data = await getJSON("/api/attention", formParams(document.getElementById("attention-form")));
+    const data = await getLatest("attention", "/api/attention", formParams(document.getElementById("attention-form")));
+    if (data === null) return;
     show("attention-error", "");
     fillTable("standard-table", data.tokens, data.standard);
     fillTable("biased-table", data.tokens, data.biased);
