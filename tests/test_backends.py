@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import relpos
 from relpos import ALiBi, ClippedRelativeBias, LogDecayBias, RelativePositionalBias, attention, select_backend
 from relpos._fused import antidiagonal_sums
 

@@ -11,7 +11,7 @@ import torch
 
 import relpos
 from relpos import plots
-from relpos.explore import make_server, serve
+from relpos.explore import serve
 
 
 @pytest.fixture(scope="module")

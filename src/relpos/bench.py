@@ -19,7 +19,6 @@ import gc
 import json
 import platform
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
