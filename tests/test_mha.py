@@ -94,6 +94,11 @@ def test_t5_decoder_stack_decodes_token_by_token(backend):
         caches = decoder.new_caches()
         steps = [decoder(tgt[:, t : t + 1], memory=memory, caches=caches) for t in range(7)]
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert all(self_c.length == 7 and cross_c.length == 9 for self_c, cross_c in caches)  # memory cached once
+    with torch.no_grad():  # plain self-attention caches, one per layer, still work
+        plain = [KVCache() for _ in decoder.blocks]
+        steps = [decoder(tgt[:, t : t + 1], memory=memory, caches=plain) for t in range(7)]
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
     with pytest.raises(ValueError, match="one KVCache per layer"):
         decoder(tgt, memory=memory, caches=caches[:1])
 

@@ -159,11 +159,12 @@ class T5Block(nn.Module):
         position_bias: BiasLike = None,
         memory: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
         h, position_bias = self.self_attn(self.self_norm(x), position_bias=position_bias, cache=cache)
         x = x + h  # (B, L, dim)
-        if self.cross_attn is not None and memory is not None:
-            x = x + self.cross_attn(self.cross_norm(x), key_value_states=memory)[0]
+        if self.cross_attn is not None and memory is not None:  # cross_cache: memory's k/v projected once
+            x = x + self.cross_attn(self.cross_norm(x), key_value_states=memory, cache=cross_cache)[0]
         return x + self.ff(self.ff_norm(x)), position_bias
 
 
@@ -203,18 +204,26 @@ class T5Stack(nn.Module):
         )
         self.final_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
 
-    def new_caches(self) -> list[KVCache]:
-        return [KVCache() for _ in self.blocks]
+    def new_caches(self) -> list[tuple[KVCache, KVCache]]:
+        """One (self-attention, cross-attention) cache pair per layer, for decoding."""
+        return [(KVCache(), KVCache()) for _ in self.blocks]
 
     def forward(
-        self, x: torch.Tensor, *, memory: torch.Tensor | None = None, caches: list[KVCache] | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        caches: list[tuple[KVCache, KVCache] | KVCache] | None = None,
     ) -> torch.Tensor:
+        """``caches``: from :meth:`new_caches` (or one self-attention ``KVCache`` per layer)."""
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"caches must hold one KVCache per layer ({len(self.blocks)}), got {len(caches)}")
         position_bias = None
         for i, block in enumerate(self.blocks):
+            pair = (None, None) if caches is None else caches[i]
+            self_cache, cross_cache = (pair, None) if isinstance(pair, KVCache) else pair
             x, position_bias = block(
-                x, position_bias=position_bias, memory=memory, cache=None if caches is None else caches[i]
+                x, position_bias=position_bias, memory=memory, cache=self_cache, cross_cache=cross_cache
             )
         return self.final_norm(x)
 
