@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .bias import hankel_view
+
 __all__ = ["fused_available", "biased_attention_fused", "antidiagonal_sums"]
 
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
@@ -50,7 +52,7 @@ def antidiagonal_sums(a: torch.Tensor) -> torch.Tensor:
 class _BiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_rev, key, value, values, scale):  # q_rev: (B, H, Lq, d) queries reversed
-        mask = values.detach().to(q_rev.dtype).unfold(-1, key.shape[-2], 1).unsqueeze(0)  # (1, Hb, Lq, Lk) view
+        mask = hankel_view(values.detach().to(q_rev.dtype), key.shape[-2])  # (1, Hb, Lq, Lk) view
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q_rev, key, value, 0.0, False, attn_mask=mask, scale=scale
         )
@@ -68,7 +70,7 @@ class _BiasedAttention(torch.autograd.Function):
         k3 = k.reshape(bh, lk, dim).to(acc)
         v3 = v.reshape(bh, lk, -1).to(acc)
         g3 = grad_out.reshape(bh, lq, -1).to(acc)
-        mask = values.detach().to(acc).unfold(-1, lk, 1)  # (Hb, Lq, Lk) view
+        mask = hankel_view(values.detach().to(acc), lk)[0]  # (Hb, Lq, Lk) view
         delta = (g3 * out.reshape(bh, lq, -1).to(acc)).sum(-1, keepdim=True)  # (BH, Lq, 1)
         lse3 = lse.reshape(bh, lq, 1).to(acc)
         dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)

@@ -24,7 +24,18 @@ from torch import nn
 from ._checks import check_int
 from .buckets import relative_offsets
 
-__all__ = ["OffsetBias", "AdditiveBias", "RelativeBias"]
+__all__ = ["OffsetBias", "AdditiveBias", "RelativeBias", "hankel_view"]
+
+
+def hankel_view(values: torch.Tensor, key_length: int) -> torch.Tensor:
+    """(1, H, n - Lk + 1, Lk) strided view of ``values (H, n)`` whose row ``r`` is ``values[:, r : r + Lk]``.
+
+    No copy; gradients flow into ``values``. Built with ``as_strided``, not ``unfold``: ``unfold``
+    would pin ``key_length`` to a constant under ``torch.compile``.
+    """
+    values = values.contiguous()  # (H, n), stride (n, 1)
+    shape = (1, values.shape[0], values.shape[1] - key_length + 1, key_length)
+    return values.as_strided(shape, (0, values.stride(0), 1, 1))
 
 
 @dataclass(frozen=True)
@@ -76,10 +87,7 @@ class OffsetBias:
         biased result with no (H, Lq, Lk) copy (``as_strided`` cannot express the Toeplitz
         form itself: it would need a negative stride). Gradients flow into :attr:`values`.
         """
-        values = self.values.contiguous()  # (H, n), stride (n, 1)
-        shape = (1, values.shape[0], self.query_length, self.key_length)
-        # as_strided, not unfold: unfold would pin key_length to a constant under torch.compile
-        return values.as_strided(shape, (0, values.stride(0), 1, 1))  # (1, H, Lq, Lk), row r = values[r : r + Lk]
+        return hankel_view(self.values, self.key_length)  # (1, H, Lq, Lk)
 
     def dense(self) -> torch.Tensor:
         """(1, H, Lq, Lk) materialized bias ``b[h, i, j]`` (a copy)."""
