@@ -142,9 +142,9 @@ def train_steps(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.item())  # one host sync per step
         if on_step is not None:
-            on_step(step, loss.item())
+            on_step(step, losses[-1])
     return losses
 
 
@@ -190,8 +190,6 @@ def _train_and_eval(name: str, lm_config: LMConfig, corpus: Corpus, config: RunC
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
         progress.step(f"{name}: resumed at step {start}", start)
-    losses: list[float] = []
-
     def on_step(step: int, loss: float) -> None:
         progress.step(f"train {name} loss {loss:.3f}")
         last = step + 1 == config.steps
@@ -302,12 +300,10 @@ def ablation_table(report: dict) -> str:
 
 
 def plot(report: dict, path: pathlib.Path) -> pathlib.Path | None:
-    try:
-        import matplotlib
+    from .plots import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot(required=False)
+    if plt is None:
         print("matplotlib is not installed: no plot (pip install 'relpos[plot]')")
         return None
     config = report["config"]

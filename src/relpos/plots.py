@@ -31,14 +31,18 @@ SEED004_TOKENS = ("The", "cat", "sat", "on", "mat")
 SEED004_SCORES = [[0, 2, 1, 1, 1.5], [3, 0, 2, 1, 0.5], [1, 2, 2, 1, 1.5], [1, 1, 0, 2, 1], [1, 1, 1, 1, 1.5]]  # Q K^T
 
 
-def _pyplot():
+def pyplot(*, required: bool = True):
+    """matplotlib.pyplot on the non-interactive Agg backend; without matplotlib, exit with the
+    install hint (``required``) or return ``None``."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise SystemExit(f"plots need matplotlib: pip install 'relpos[plot]' ({exc})")
+        if not required:
+            return None
+        raise SystemExit(f"plots need matplotlib: pip install 'relpos[plot]' ({exc})") from None
     return plt
 
 
@@ -92,7 +96,7 @@ def plot_buckets(
     path, *, num_buckets: int = 32, max_distance: int = 128, causal: bool = False,
     strategy: Literal["log", "linear", "uniform", "quadratic"] = "log", length: int = 64,
 ) -> pathlib.Path:
-    plt = _pyplot()
+    plt = pyplot()
     length = check_int("length", length, minimum=1)
     buckets = relative_position_bucket(
         relative_positions(length, length), bidirectional=not causal, num_buckets=num_buckets,
@@ -111,7 +115,7 @@ def plot_buckets(
 
 
 def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False, seed: int = 0, **options) -> pathlib.Path:
-    plt = _pyplot()
+    plt = pyplot()
     matrix = bias_matrix(kind, length, seed=seed, causal=causal, **options)
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
     im = ax.imshow(matrix.numpy(), cmap="RdBu_r", interpolation="nearest")
@@ -127,7 +131,7 @@ def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False,
 
 
 def plot_attention(path, *, scale: float = 0.3) -> pathlib.Path:
-    plt = _pyplot()
+    plt = pyplot()
     standard, biased = seed004_weights(scale)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.3))
     panels = [(standard, "standard attention", "viridis"), (biased, f"with -{scale} log(1 + |i - j|)", "viridis"),
