@@ -126,8 +126,8 @@ def test_auto_trains_through_fused_without_dense_memory(monkeypatch):
 
     attention_module = importlib.import_module("relpos.attention")  # the module, not the function
 
-    real = attention_module.biased_attention_fused
-    monkeypatch.setattr(attention_module, "biased_attention_fused", lambda *a: calls.append(1) or real(*a))
+    real = attention_module.fused_attention
+    monkeypatch.setattr(attention_module, "fused_attention", lambda *a: calls.append(1) or real(*a))
     bias = RelativePositionalBias(4)
     q, k, v = qkv(lq=512, lk=512, grad=True)
     attention(q, k, v, bias=bias).sum().backward()

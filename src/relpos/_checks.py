@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float"]
+__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -51,4 +51,26 @@ def check_positive_float(name: str, value: Any) -> float:
     value = float(value)
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+def check_probability(name: str, value: Any) -> float:
+    """A dropout probability: a real number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1), got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1) (the probability of dropping an attention weight), got {value}")
+    return value
+
+
+def check_scale(name: str, value: Any) -> float | None:
+    """``None`` (the default scale) or a finite real number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number or None, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
     return value

@@ -1,16 +1,22 @@
-"""Attention with a *learnable* Toeplitz bias at the speed of a frozen one (CPU).
+"""Attention with a *learnable* Toeplitz bias at the speed and memory of a frozen one (CPU).
 
 SDPA falls back to its slow math kernel, holding (B, H, Lq, Lk), whenever a float mask
-requires grad. This autograd Function keeps the fused kernel for the forward pass (the bias
-enters as a detached zero-copy Hankel view; the queries arrive reversed) and computes every
-gradient in the backward pass block by block over query rows:
+requires grad, and SDPA's fused CPU kernels have no dropout. This autograd Function runs on
+:mod:`relpos._tiles` tiles (padding and causal regions skipped) and
 
-    P  = exp(q k^T * scale + bias - logsumexp)          (rows r0:r1, all keys)
-    dS = P * (dO v^T - rowsum(dO * O))
-    dq = dS k * scale,  dk += dS^T q * scale,  dv += P^T dO
+* forward: per tile, SDPA's fused CPU kernel with the bias as a detached zero-copy Hankel view
+  (queries reversed); with dropout, the same computation block by block in PyTorch ops;
+* backward: every gradient block by block over query rows of each tile::
+
+    P  = exp(q k^T * scale + bias - logsumexp)          (rows r0:r1, the tile's keys)
+    Z  = keep / (1 - p)  (dropout; 1 without)
+    dS = P * (Z * dO v^T - rowsum(dO * O))
+    dq = dS k * scale,  dk += dS^T q * scale,  dv += (P Z)^T dO
     d values[t] += sum over the block's anti-diagonal t of sum_b dS     (the bias gradient)
 
-Only one (H, rows, Lk) block lives at a time (about 2**21 elements), never (B, H, Lq, Lk).
+Precision rule (every backend): the bias, masks, logits and softmax are computed in fp32 (fp64
+for fp64 inputs), in the forward and the backward alike; only q, k, v and the output keep the
+input dtype. Only one (H, rows, keys) block lives at a time (about 2**21 elements).
 """
 
 from __future__ import annotations
@@ -18,11 +24,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .bias import hankel_view
+from ._dropout import keep_rows
+from ._tiles import Tile, tile_bias
 
-__all__ = ["fused_available", "biased_attention_fused", "antidiagonal_sums"]
+__all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
 
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp16/bf16/fp32, fp64 for fp64: the dtype of bias, mask and softmax arithmetic."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def fused_available(query: torch.Tensor) -> bool:
@@ -49,60 +61,160 @@ def antidiagonal_sums(a: torch.Tensor) -> torch.Tensor:
     return skewed.sum(-2)
 
 
-class _BiasedAttention(torch.autograd.Function):
+def _tile_inputs(query, key, value, tile: Tile):
+    """The tile's queries reversed (b, H, R, d), and its keys and values (b, H, K, d)."""
+    b0, b1, r0, r1, k0, k1 = tile
+    return query[b0:b1, :, r0:r1].flip(-2), key[b0:b1, :, k0:k1], value[b0:b1, :, k0:k1]
+
+
+def _dropout_scale(dropout, b: int, tile: Tile, a: int, c: int, heads: int, key_length: int, dtype, device):
+    """(H, c - a, K) keep / (1 - p) for the reversed tile rows a:c of example b (original rows r1-c .. r1-a)."""
+    seed, p = dropout
+    keep = keep_rows(seed, b, tile.r1 - c, tile.r1 - a, heads, key_length, p, device)[:, :, tile.k0 : tile.k1]
+    return keep.flip(1).to(dtype) / (1.0 - p)
+
+
+def _row_blocks(rows: int, heads: int, keys: int):
+    step = max(1, _BLOCK_ELEMENTS // (heads * max(keys, 1)))
+    for a in range(0, rows, step):
+        yield a, min(rows, a + step)
+
+
+def _finite_lse(lse: torch.Tensor) -> torch.Tensor:
+    """A row with nothing to attend to has lse -inf (or 0 from the kernel): +inf makes its P exactly 0."""
+    return lse.masked_fill(~torch.isfinite(lse), float("inf"))
+
+
+def _forward_dropout(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: int):
+    """Blockwise forward with dropout for one tile: (b, H, R, dv) output and (b, H, R) logsumexp."""
+    acc = bias.dtype
+    out = torch.empty(*qt.shape[:-1], vt.shape[-1], dtype=acc, device=qt.device)  # (b, H, R, dv)
+    lse = torch.empty(qt.shape[:-1], dtype=acc, device=qt.device)  # (b, H, R)
+    heads = qt.shape[1]
+    for i in range(qt.shape[0]):
+        kb, vb = kt[i].to(acc), vt[i].to(acc)  # (H, K, d)
+        for a, c in _row_blocks(qt.shape[2], heads, kb.shape[1]):
+            s = torch.bmm(qt[i, :, a:c].to(acc), kb.transpose(1, 2)).mul_(scale).add_(bias[0, :, a:c])  # (H, R, K)
+            m = _finite_lse(torch.logsumexp(s, -1, keepdim=True))  # (H, R, 1)
+            p = s.sub_(m).exp_().mul_(_dropout_scale(dropout, tile.b0 + i, tile, a, c, heads, key_length, acc, qt.device))
+            out[i, :, a:c] = torch.bmm(p, vb)
+            lse[i, :, a:c] = m[..., 0]
+    return out, lse
+
+
+class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q_rev, key, value, values, scale):  # q_rev: (B, H, Lq, d) queries reversed
-        mask = hankel_view(values.detach().to(q_rev.dtype), key.shape[-2])  # (1, Hb, Lq, Lk) view
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q_rev, key, value, 0.0, False, attn_mask=mask, scale=scale
-        )
-        ctx.save_for_backward(q_rev, key, value, values, out, lse)
-        ctx.scale = scale
+    def forward(ctx, query, key, value, values, tiles, scale, dropout):
+        # query (B, H, Lq, d) in order; values (Hb, Lq + Lk - 1), causal mask already folded in
+        batch, heads, query_length, _ = query.shape
+        acc = accumulate_dtype(query.dtype)
+        bias = values.detach().to(acc)
+        out = query.new_zeros(batch, heads, query_length, value.shape[-1])  # rows in no tile stay 0
+        lse = torch.full((batch, heads, query_length), float("inf"), dtype=acc, device=query.device)
+        for tile in tiles:
+            qt, kt, vt = _tile_inputs(query, key, value, tile)
+            mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
+            if dropout is None:
+                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    qt, kt, vt, 0.0, False, attn_mask=mask, scale=scale
+                )
+            else:
+                o, m = _forward_dropout(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
+            out[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = o.flip(-2)
+            lse[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = m.flip(-1)
+        ctx.save_for_backward(query, key, value, values, out, lse)
+        ctx.tiles, ctx.scale, ctx.dropout = tiles, scale, dropout
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, values, out, lse = ctx.saved_tensors
-        batch, heads, lq, dim = q.shape
-        lk, bh, scale = k.shape[-2], batch * heads, ctx.scale
-        acc = torch.promote_types(q.dtype, torch.float32)  # bf16/fp16 blocks are computed in fp32
-        q3 = q.reshape(bh, lq, dim).to(acc)
-        k3 = k.reshape(bh, lk, dim).to(acc)
-        v3 = v.reshape(bh, lk, -1).to(acc)
-        g3 = grad_out.reshape(bh, lq, -1).to(acc)
-        mask = hankel_view(values.detach().to(acc), lk)[0]  # (Hb, Lq, Lk) view
-        delta = (g3 * out.reshape(bh, lq, -1).to(acc)).sum(-1, keepdim=True)  # (BH, Lq, 1)
-        lse3 = lse.reshape(bh, lq, 1).to(acc)
-        dq, dk, dv = torch.empty_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        heads, query_length, key_length = q.shape[1], q.shape[2], k.shape[2]
+        acc = accumulate_dtype(q.dtype)
+        bias = values.detach().to(acc)
+        lse = _finite_lse(lse.to(acc))
+        dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
         dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if ctx.needs_input_grad[3] else None
-        # Batch outermost: a block is (H, rows, Lk) whatever B is, so rows (the matmuls' M) stay large.
-        rows = max(1, _BLOCK_ELEMENTS // (heads * lk))
-        for b in range(batch):
-            hs = slice(b * heads, (b + 1) * heads)  # this batch element's heads in the (B*H) layout
-            kb, vb = k3[hs], v3[hs]  # (H, Lk, d)
-            for r0 in range(0, lq, rows):
-                r1 = min(lq, r0 + rows)
-                qb, gb = q3[hs, r0:r1], g3[hs, r0:r1]  # (H, R, d)
-                p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, r0:r1])  # (H, R, Lk) logits
-                p.sub_(lse3[hs, r0:r1]).exp_()  # probabilities
-                ds = torch.bmm(gb, vb.transpose(1, 2)).sub_(delta[hs, r0:r1]).mul_(p)  # (H, R, Lk) dS
-                dv[hs].baddbmm_(p.transpose(1, 2), gb)
-                dq[hs, r0:r1] = torch.bmm(ds, kb)
-                dk[hs].baddbmm_(ds.transpose(1, 2), qb)
-                if dvalues is not None:
-                    per_head = ds.sum(0, keepdim=True) if values.shape[0] == 1 else ds  # a shared bias sums heads
-                    dvalues[:, r0 : r1 + lk - 1] += antidiagonal_sums(per_head)
+        shared, scale = values.shape[0] == 1, ctx.scale
+        for tile in ctx.tiles:
+            b0, b1, r0, r1, k0, k1 = tile
+            mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
+            base = k0 - r1 + query_length  # values index of the view's (0, 0)
+            # Batch outermost: a block is (H, rows, K) whatever B is, so rows (the matmuls' M) stay large.
+            for b in range(b0, b1):
+                kb, vb = k[b, :, k0:k1].to(acc), v[b, :, k0:k1].to(acc)  # (H, K, d)
+                qt = q[b, :, r0:r1].flip(-2).to(acc)  # (H, R, d) reversed rows
+                gt = grad_out[b, :, r0:r1].flip(-2).to(acc)
+                delta = (gt * out[b, :, r0:r1].flip(-2).to(acc)).sum(-1, keepdim=True)  # (H, R, 1)
+                lt = lse[b, :, r0:r1].flip(-1)[..., None]  # (H, R, 1)
+                dqt = torch.empty_like(qt)
+                dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+                for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
+                    qb, gb = qt[:, a:c], gt[:, a:c]  # (H, R', d)
+                    p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
+                    p.sub_(lt[:, a:c]).exp_()  # probabilities
+                    dp = torch.bmm(gb, vb.transpose(1, 2))  # (H, R', K) dO v^T
+                    if ctx.dropout is not None:
+                        z = _dropout_scale(ctx.dropout, b, tile, a, c, heads, key_length, acc, q.device)
+                        dp.mul_(z)
+                        dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)
+                    else:
+                        dvb.baddbmm_(p.transpose(1, 2), gb)
+                    ds = dp.sub_(delta[:, a:c]).mul_(p)  # (H, R', K) dS
+                    dqt[:, a:c] = torch.bmm(ds, kb)
+                    dkb.baddbmm_(ds.transpose(1, 2), qb)
+                    if dvalues is not None:
+                        per_head = ds.sum(0, keepdim=True) if shared else ds  # a shared bias sums heads
+                        dvalues[:, base + a : base + c + k1 - k0 - 1] += antidiagonal_sums(per_head)
+                dq[b, :, r0:r1] = dqt.flip(-2)
+                dk[b, :, k0:k1] += dkb
+                dv[b, :, k0:k1] += dvb
         grads = (
-            dq.mul_(scale).view(q.shape).to(q.dtype),
-            dk.mul_(scale).view(k.shape).to(k.dtype),
-            dv.view(v.shape).to(v.dtype),
+            dq.mul_(scale).to(q.dtype),
+            dk.mul_(scale).to(k.dtype),
+            dv.to(v.dtype),
             None if dvalues is None else dvalues.to(values.dtype),
         )
-        return (*grads, None)
+        return (*grads, None, None, None)
 
 
-def biased_attention_fused(
-    q_rev: torch.Tensor, key: torch.Tensor, value: torch.Tensor, values: torch.Tensor, scale: float
+def fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    values: torch.Tensor,
+    tiles: list[Tile],
+    scale: float,
+    dropout: tuple[int, float] | None = None,
 ) -> torch.Tensor:
-    """Attention of reversed queries with the Hankel view of ``values`` (H or 1, Lq + Lk - 1)."""
-    return _BiasedAttention.apply(q_rev, key, value, values, scale)
+    """(B, H, Lq, dv) attention over ``tiles`` with the per-offset bias ``values`` (Hb, Lq + Lk - 1).
+
+    ``dropout``: ``(seed, p)`` from :mod:`relpos._dropout`, or None.
+    """
+    return _TiledAttention.apply(query, key, value, values, tiles, scale, dropout)
+
+
+def tiled_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    values: torch.Tensor,
+    tiles: list[Tile],
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """The same tiles through ``F.scaled_dot_product_attention`` (any device; autograd by torch)."""
+    batch, heads, query_length, _ = query.shape
+    out = None
+    for tile in tiles:
+        qt, kt, vt = _tile_inputs(query, key, value, tile)
+        mask = tile_bias(values, tile, query_length)  # (1, Hb, R, K) view
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale).flip(-2)
+        if len(tiles) == 1 and tile[:4] == (0, batch, 0, query_length):
+            return o  # one tile covers everything: no copy
+        if out is None:
+            out = query.new_zeros(batch, heads, query_length, value.shape[-1])  # rows in no tile stay 0
+        out[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = o
+    if out is None:
+        out = query.new_zeros(batch, heads, query_length, value.shape[-1])
+    return out

@@ -27,9 +27,12 @@ from typing import Literal, Union
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_choice, check_int
-from ._fused import biased_attention_fused, fused_available
-from .bias import AdditiveBias, OffsetBias
+from ._checks import check_bool, check_choice, check_int, check_probability, check_scale
+from ._dropout import draw_seed, keep_dense
+from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
+from ._masks import KeyRanges, check_attn_mask, check_key_mask, key_ranges
+from ._tiles import CAUSAL_CHUNK, Tile, plan_tiles
+from .bias import AdditiveBias, OffsetBias, hankel_view
 from .buckets import relative_positions
 
 __all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", "select_backend"]
@@ -81,22 +84,161 @@ class BackendChoice:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One attention call, validated and normalized once (what every backend reads)."""
+
+    query: torch.Tensor  # (B, H, Lq, d)
+    key: torch.Tensor  # (B, H, Lk, d), key/value heads already repeated for grouped-query attention
+    value: torch.Tensor  # (B, H, Lk, dv)
+    bias: OffsetBias | torch.Tensor | None
+    causal: bool  # the flag, or a causal mask recognised inside attn_mask
+    attn_mask: torch.Tensor | None  # what stays a dense mask (None when reduced to key ranges)
+    ranges: KeyRanges | None  # per-example kept keys; None: every key
+    dropout_p: float
+    scale: float
+    q_offset: int
+    dense_reason: str | None  # why only a dense (B, H, Lq, Lk) mask can express this call
+
+    @property
+    def key_length(self) -> int:
+        return self.key.shape[2]
+
+    def tiles(self) -> list[Tile]:
+        ranges = None if self.ranges is None else tuple(zip(self.ranges.starts, self.ranges.ends))
+        batch, _, query_length, _ = self.query.shape
+        return plan_tiles(
+            batch, query_length, self.key_length, q_offset=self.q_offset, causal=self.causal, key_ranges=ranges
+        )
+
+    def offset_values(self) -> torch.Tensor:
+        """(Hb, Lq + Lk - 1) per-offset bias in the accumulation dtype, the causal mask folded in."""
+        offsets = self.bias
+        query_length = self.query.shape[2]
+        if offsets is None:  # no bias: zeros carry the causal mask
+            zeros = torch.zeros(1, query_length + self.key_length - 1, device=self.query.device)
+            offsets = OffsetBias(zeros, query_length, self.key_length, self.q_offset)
+        offsets = offsets.mask_future() if self.causal else offsets
+        return offsets.values.to(accumulate_dtype(self.query.dtype))
+
+
+def _check_qkv(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got {shape}")
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    if key.shape[0] != batch or value.shape[:2] != key.shape[:2] or key.shape[2] != value.shape[2]:
+        raise ValueError(
+            f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if heads % kv_heads:
+        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention")
+    if key.shape[3] != dim:
+        raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
+
+
+def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset) -> _Call:
+    _check_qkv(query, key, value)
+    batch, heads, query_length, dim = query.shape
+    key_length = key.shape[2]
+    causal = check_bool("causal", causal)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    dropout_p = check_probability("dropout_p", dropout_p)
+    scale = check_scale("scale", scale)
+    attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length))
+    key_mask = check_key_mask(key_mask, batch, key_length)
+    if key.shape[1] != heads:  # grouped-query attention: share each key/value head across its group
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, dv)
+    resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
+    ranges, dense_reason = None, None
+    if attn_mask is not None or key_mask is not None:
+        ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
+        if ranges is None:
+            dense_reason = "attn_mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
+            if key_mask is not None:  # fold it into the dense mask
+                keep = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
+                if attn_mask is None or attn_mask.dtype == torch.bool:
+                    attn_mask = keep if attn_mask is None else attn_mask & keep
+                else:
+                    attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
+        else:
+            attn_mask, causal = None, causal or ranges.causal
+            if ranges.covers_all(key_length):
+                ranges = None
+    if isinstance(resolved, torch.Tensor):
+        dense_reason = "the bias is a dense tensor, not per-offset"
+    return _Call(
+        query, key, value, resolved, causal, attn_mask, ranges, dropout_p,
+        1.0 / math.sqrt(dim) if scale is None else scale, q_offset, dense_reason,
+    )
+
+
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _flex_unavailable(query: torch.Tensor, bias, attn_mask, needs_grad: bool) -> str | None:
-    if not isinstance(bias, OffsetBias):
-        return "flex reads a per-offset bias; this bias is dense or absent"
-    if attn_mask is not None:
-        return "attn_mask is not supported by the flex path (use a causal flag or another backend)"
+def _bias_grad(call: _Call) -> bool:
+    return isinstance(call.bias, OffsetBias) and _needs_grad(call.bias.values)
+
+
+def _flex_unavailable(call: _Call, needs_grad: bool) -> str | None:
+    if call.dense_reason:
+        return f"flex reads a per-offset bias and key ranges; {call.dense_reason}"
+    if call.dropout_p:
+        return "flex_attention has no dropout"
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:  # pragma: no cover - torch >= 2.5 has it
         return "this torch has no torch.nn.attention.flex_attention"
-    if query.device.type == "cpu" and needs_grad:
+    if call.query.device.type == "cpu" and needs_grad:
         return "torch's FlexAttention has no backward on CPU"
     return None
+
+
+def _fused_unavailable(call: _Call) -> str | None:
+    if call.dense_reason:
+        return f"needs a per-offset bias and a key padding mask at most; {call.dense_reason}"
+    if not fused_available(call.query):
+        return f"needs torch's CPU flash kernel; query is {call.query.dtype} on {call.query.device.type}"
+    return None
+
+
+def _choose(call: _Call) -> BackendChoice:
+    q = call.query
+    bias_grad = _bias_grad(call)
+    needs_grad = bias_grad or _needs_grad(call.query, call.key, call.value)
+    rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
+    flex_no, fused_no = _flex_unavailable(call, needs_grad), _fused_unavailable(call)
+    if call.dense_reason:
+        rejected.update(fused=fused_no, flex=flex_no)
+        return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)
+    if call.dropout_p:
+        if fused_no is None:
+            rejected.update(sdpa="SDPA's fused CPU kernels have no dropout: its math kernel holds (B, H, Lq, Lk)", flex=flex_no)
+            return BackendChoice("fused", "dropout on CPU: blockwise forward and backward, no (B, H, Lq, Lk)", rejected)
+        rejected.update(fused=fused_no, flex=flex_no)
+        return BackendChoice("sdpa", f"dropout on {q.device.type}: SDPA's own kernels draw it", rejected)
+    if bias_grad and fused_no is None and q.shape[0] * q.shape[1] * q.shape[2] * call.key_length < _FUSED_MIN_SCORES:
+        fused_no = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
+    if bias_grad and fused_no is None:
+        rejected.update(sdpa="the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)")
+        rejected.update(flex=flex_no or "fused is the CPU training path")
+        return BackendChoice("fused", "learnable per-offset bias on CPU: fused forward, blockwise bias gradient", rejected)
+    if bias_grad and q.device.type != "cpu" and flex_no is None:
+        rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
+        rejected.update(fused=fused_no or "fused is the CPU path")
+        return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
+    rejected.update(fused=fused_no or "no gradient into the bias table: plain SDPA already runs fused")
+    rejected.update(flex=flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here")
+    if bias_grad:
+        return BackendChoice("sdpa", "no training path applies here, so SDPA's math kernel computes the bias gradient", rejected)
+    what = "fused kernel, bias as a zero-copy view"
+    if call.ranges is not None or call.causal:
+        what += "; padding and the causal triangle skipped by tiles"
+    return BackendChoice("sdpa", what, rejected)
 
 
 def select_backend(
@@ -104,40 +246,23 @@ def select_backend(
     key: torch.Tensor,
     value: torch.Tensor,
     *,
-    bias: OffsetBias | torch.Tensor | None = None,
+    bias: BiasLike = None,
+    causal: bool = False,
     attn_mask: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    q_offset: int = 0,
 ) -> BackendChoice:
-    """What ``backend="auto"`` runs for these inputs, and why not the others.
+    """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
 
-    Rules: no gradient into the bias, or a dense bias: ``sdpa`` (zero-copy view, fused kernel).
-    A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU (both train the table without
-    (B, H, L, L) memory), else ``sdpa`` (math kernel). ``eager`` is the reference, never auto.
+    Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: a dense bias,
+    or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused`` on CPU,
+    ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU (both
+    train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on tiles with a zero-copy
+    view. ``eager`` is the reference, never auto.
     """
-    bias_grad = isinstance(bias, OffsetBias) and _needs_grad(bias.values)
-    needs_grad = bias_grad or _needs_grad(query, key, value)
-    rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
-    flex_no = _flex_unavailable(query, bias, attn_mask, needs_grad)
-    fused_no = None
-    if not isinstance(bias, OffsetBias) or attn_mask is not None:
-        fused_no = "needs a per-offset bias and no attn_mask"
-    elif not fused_available(query):
-        fused_no = f"needs torch's CPU flash kernel; query is {query.dtype} on {query.device.type}"
-    if bias_grad and fused_no is None and query.shape[0] * query.shape[1] * query.shape[2] * key.shape[2] < _FUSED_MIN_SCORES:
-        fused_no = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
-    if bias_grad and fused_no is None:
-        rejected["sdpa"] = "the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)"
-        rejected["flex"] = flex_no or "fused is the CPU training path"
-        return BackendChoice("fused", "learnable per-offset bias on CPU: fused forward, blockwise bias gradient", rejected)
-    if bias_grad and query.device.type != "cpu" and flex_no is None:
-        rejected["sdpa"] = "the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient"
-        rejected["fused"] = fused_no or "fused is the CPU path"
-        return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
-    rejected["fused"] = fused_no or "no gradient into the bias table: plain SDPA already runs fused"
-    rejected["flex"] = flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here"
-    reason = "fused kernel, bias as a zero-copy view" if isinstance(bias, OffsetBias) and attn_mask is None else "dense mask"
-    if bias_grad:
-        reason = "no training path applies here, so SDPA's math kernel computes the bias gradient"
-    return BackendChoice("sdpa", reason, rejected)
+    return _choose(_prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset))
 
 
 def attention(
@@ -148,6 +273,8 @@ def attention(
     bias: BiasLike = None,
     causal: bool = False,
     attn_mask: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
     scale: float | None = None,
     q_offset: int = 0,
     backend: Backend = "auto",
@@ -160,65 +287,51 @@ def attention(
             (grouped-query attention: query head ``h`` reads key/value head ``h // (H / Hkv)``).
         bias: relpos bias module, :class:`OffsetBias`, or a tensor broadcastable to ``(B, H, Lq, Lk)``.
         causal: keys after the query's position are masked (``j > q_offset + i``).
-        attn_mask: boolean (``True`` = attend) or additive, broadcastable to ``(B, H, Lq, Lk)``.
+        attn_mask: boolean (``True`` = attend) or floating (added), broadcastable to
+            ``(B, H, Lq, Lk)``; integer masks are refused. A key padding mask ``(B, 1, 1, Lk)``, or
+            transformers' ``(B, 1, Lq, Lk)`` padding + causal mask, is recognised and costs no
+            ``(B, H, Lq, Lk)`` memory.
+        key_mask: boolean ``(B, Lk)``, ``True`` where the key is a real token (transformers'
+            ``attention_mask.bool()``): right or left padding at no (B, H, Lq, Lk) cost.
+        dropout_p: probability of dropping each attention weight (applied whenever > 0, as in
+            SDPA; modules pass it only in training). Seeded by torch's RNG.
         scale: logit scale; ``None`` means ``1/sqrt(d)`` (T5 uses ``1.0``).
         q_offset: cached tokens before the first query (decoding) or the query-to-key alignment.
         backend: ``"auto"``, ``"eager"``, ``"sdpa"``, ``"fused"`` or ``"flex"``.
 
-    Returns ``(B, H, Lq, dv)``. A query row whose keys are all masked returns zeros.
+    Returns ``(B, H, Lq, dv)`` in the query's dtype; bias, masks and softmax are computed in
+    fp32 (fp64 for fp64 inputs) on every backend. A query row whose keys are all masked returns
+    zeros (and zero gradients).
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got {shape}")
-    batch, heads, query_length, dim = query.shape
-    kv_heads = key.shape[1]
-    if key.shape[0] != batch or value.shape[:2] != key.shape[:2] or key.shape[2] != value.shape[2]:
-        raise ValueError(
-            f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(key.shape)}, value {tuple(value.shape)}"
-        )
-    if heads % kv_heads:
-        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention")
-    if key.shape[3] != dim:
-        raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
-    causal = check_bool("causal", causal)
-    q_offset = check_int("q_offset", q_offset, minimum=0)
+    call = _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset)
     backend = check_choice("backend", backend, BACKENDS)
-    if scale is None:
-        scale = 1.0 / math.sqrt(dim)
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
-    if kv_heads != heads:  # grouped-query attention: share each key/value head across its group
-        key = key.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, Lk, d)
-        value = value.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, Lk, dv)
-    key_length = key.shape[2]
-    resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
     if backend == "auto":
-        backend = select_backend(query, key, value, bias=resolved, attn_mask=attn_mask).backend
+        backend = _choose(call).backend
     if backend == "eager":
-        return _eager(query, key, value, resolved, causal, attn_mask, scale, q_offset)
-    if backend in ("fused", "flex"):
-        if not isinstance(resolved, OffsetBias) or attn_mask is not None:
+        return _eager(call)
+    if backend == "sdpa":
+        return _sdpa(call)
+    if call.dense_reason:
+        raise ValueError(
+            f"backend={backend!r} needs a relative (per-offset) bias and at most a key padding mask, but "
+            f"{call.dense_reason}; use backend='sdpa' or 'eager'"
+        )
+    if backend == "fused":
+        if not fused_available(call.query):
             raise ValueError(
-                f"backend={backend!r} needs a relative (per-offset) bias and no attn_mask; "
-                "use backend='sdpa' or 'eager' for dense biases and masks"
+                f"backend='fused' runs on CPU with float tensors, got {call.query.dtype} on {call.query.device.type}; "
+                "use backend='flex' or 'sdpa' on GPU"
             )
-        if backend == "fused":
-            if not fused_available(query):
-                raise ValueError(
-                    f"backend='fused' runs on CPU with float tensors, got {query.dtype} on {query.device.type}; "
-                    "use backend='flex' on GPU"
-                )
-            offsets = resolved.mask_future() if causal else resolved
-            out = biased_attention_fused(query.flip(-2), key, value, offsets.values, scale)
-            return out.flip(-2)  # (B, H, Lq, dv)
-        why = _flex_unavailable(query, resolved, attn_mask, _needs_grad(query, key, value, resolved.values))
-        if why:
-            raise ValueError(f"backend='flex' is unavailable: {why}")
-        from ._flex import flex_biased_attention
+        dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None
+        return fused_attention(call.query, call.key, call.value, call.offset_values(), call.tiles(), call.scale, dropout)
+    why = _flex_unavailable(call, _bias_grad(call) or _needs_grad(call.query, call.key, call.value))
+    if why:
+        raise ValueError(f"backend='flex' is unavailable: {why}")
+    from ._flex import flex_biased_attention
 
-        return flex_biased_attention(query, key, value, resolved, causal=causal, scale=scale)
-    return _sdpa(query, key, value, resolved, causal, attn_mask, scale, q_offset)
+    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    return flex_biased_attention(call.query, call.key, call.value, call.offset_values(), scale=call.scale,
+                                 causal=call.causal, q_offset=call.q_offset, key_keep=keep)
 
 
 def _dense_mask(
@@ -228,15 +341,19 @@ def _dense_mask(
     causal: bool,
     attn_mask: torch.Tensor | None,
     q_offset: int,
+    key_keep: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Bias, causal mask and ``attn_mask`` summed into one additive tensor (or ``None``)."""
-    query_length, dtype = query.shape[2], query.dtype
+    """Bias, causal mask, ``attn_mask`` and kept keys (B, Lk) summed into one additive fp32 tensor (or None)."""
+    query_length, dtype = query.shape[2], accumulate_dtype(query.dtype)
     total = None
     if bias is not None:
         total = (bias.dense() if isinstance(bias, OffsetBias) else bias).to(dtype)  # (1|B, H, Lq, Lk)
     blocked = None
     if causal:
         blocked = relative_positions(query_length, key_length, q_offset=q_offset, device=query.device) > 0  # (Lq, Lk)
+    if key_keep is not None:
+        hidden = ~key_keep[:, None, None, :]  # (B, 1, 1, Lk)
+        blocked = hidden if blocked is None else blocked | hidden
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             blocked = ~attn_mask if blocked is None else blocked | ~attn_mask
@@ -254,29 +371,43 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
-def _eager(query, key, value, bias, causal, attn_mask, scale, q_offset) -> torch.Tensor:
-    scores = (query @ key.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-    mask = _dense_mask(query, key.shape[2], bias, causal, attn_mask, q_offset)
+def _call_mask(call: _Call) -> torch.Tensor | None:
+    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    return _dense_mask(call.query, call.key_length, call.bias, call.causal, call.attn_mask, call.q_offset, keep)
+
+
+def _eager(call: _Call) -> torch.Tensor:
+    """The reference: every step written out, in the accumulation dtype."""
+    acc = accumulate_dtype(call.query.dtype)
+    q, k, v = call.query.to(acc), call.key.to(acc), call.value.to(acc)
+    scores = (q @ k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
+    mask = _call_mask(call)
     if mask is not None:
         scores = scores + mask
-    return masked_softmax(scores) @ value  # (B, H, Lq, dv)
+    weights = masked_softmax(scores)  # (B, H, Lq, Lk)
+    if call.dropout_p:
+        keep = keep_dense(draw_seed(), *weights.shape, call.dropout_p, device=weights.device)  # (B, H, Lq, Lk)
+        weights = weights * keep / (1.0 - call.dropout_p)
+    return (weights @ v).to(call.query.dtype)  # (B, H, Lq, dv)
 
 
-def _sdpa(query, key, value, bias, causal, attn_mask, scale, q_offset) -> torch.Tensor:
-    if isinstance(bias, OffsetBias) and attn_mask is None:
-        # Toeplitz bias (causal mask folded in) as a Hankel view: reverse the queries, not the bias.
-        offsets = (bias.mask_future() if causal else bias).to(query.dtype)
-        hankel = offsets.hankel()  # (1, H, Lq, Lk) view, no copy
+def _sdpa(call: _Call) -> torch.Tensor:
+    q, k, v, p = call.query, call.key, call.value, call.dropout_p
+    if call.dense_reason is None:
+        if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale)
+        values = call.offset_values()  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
-            hankel = hankel.detach()  # a view that requires grad would force SDPA's slow math kernel
-        out = F.scaled_dot_product_attention(query.flip(-2), key, value, attn_mask=hankel, scale=scale)
-        return out.flip(-2)  # (B, H, Lq, dv)
-    if bias is None and attn_mask is None and (not causal or q_offset == 0):
-        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale)
-    mask = _dense_mask(query, key.shape[2], bias, causal, attn_mask, q_offset)  # (.., Lq, Lk)
+            values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
+        if call.ranges is None and (q.shape[2] <= CAUSAL_CHUNK or torch.compiler.is_compiling()):
+            # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
+            hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
+            return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale).flip(-2)
+        return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p)  # (B, H, Lq, dv)
+    mask = _call_mask(call)  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
     if dead.any():
         mask = mask.masked_fill(dead, 0.0)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale)
         return out.masked_fill(dead, 0.0)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale)

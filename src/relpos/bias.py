@@ -27,15 +27,21 @@ from .buckets import relative_offsets
 __all__ = ["OffsetBias", "AdditiveBias", "RelativeBias", "hankel_view"]
 
 
-def hankel_view(values: torch.Tensor, key_length: int) -> torch.Tensor:
-    """(1, H, n - Lk + 1, Lk) strided view of ``values (H, n)`` whose row ``r`` is ``values[:, r : r + Lk]``.
+def hankel_view(values: torch.Tensor, key_length: int, *, rows: int | None = None, offset: int = 0) -> torch.Tensor:
+    """(1, H, rows, Lk) strided view of ``values (H, n)`` whose row ``r`` is ``values[:, offset + r : offset + r + Lk]``.
 
-    No copy; gradients flow into ``values``. Built with ``as_strided``, not ``unfold``: ``unfold``
-    would pin ``key_length`` to a constant under ``torch.compile``.
+    ``rows`` defaults to every full window, ``n - Lk + 1 - offset``. No copy; gradients flow into
+    ``values``. Built with ``as_strided``, not ``unfold``: ``unfold`` would pin ``key_length`` to a
+    constant under ``torch.compile``.
     """
     values = values.contiguous()  # (H, n), stride (n, 1)
-    shape = (1, values.shape[0], values.shape[1] - key_length + 1, key_length)
-    return values.as_strided(shape, (0, values.stride(0), 1, 1))
+    if rows is None:
+        rows = values.shape[1] - key_length + 1 - offset
+    shape = (1, values.shape[0], rows, key_length)
+    strides = (0, values.stride(0), 1, 1)
+    if offset == 0:  # the common case keeps the input's storage offset (simplest graph under torch.compile)
+        return values.as_strided(shape, strides)
+    return values.as_strided(shape, strides, values.storage_offset() + offset)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from ._checks import check_bool, check_int
+from ._fused import accumulate_dtype
+from ._masks import check_attn_mask
 from .attention import _dense_mask, masked_softmax
 from .buckets import relative_positions
 
@@ -93,12 +95,17 @@ class ShawRelativePosition(nn.Module):
     ) -> torch.Tensor:
         """Shaw attention, q ``(B, H, Lq, d)``, k/v ``(B, H, Lk, d)`` -> ``(B, H, Lq, d)``.
 
-        Masking follows :func:`relpos.attention` (fully masked rows give zeros).
+        Masking follows :func:`relpos.attention`: boolean keeps, floating adds, integer masks are
+        refused; fully masked rows give zeros. Logits and softmax are computed in fp32.
         """
         q_offset = check_int("q_offset", q_offset, minimum=0)
+        causal = check_bool("causal", causal)
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim} channels, got {q.shape[-1]} and {k.shape[-1]}")
+        attn_mask = check_attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        dtype = q.dtype
+        q, k, v = (t.to(accumulate_dtype(dtype)) for t in (q, k, v))  # logits and softmax in fp32 (the rule)
         scores = (q @ k.transpose(-2, -1) + self.logits(q, k.shape[-2], q_offset=q_offset)) * scale  # (B, H, Lq, Lk)
         mask = _dense_mask(q, k.shape[-2], None, causal, attn_mask, q_offset)
         if mask is not None:
@@ -107,4 +114,4 @@ class ShawRelativePosition(nn.Module):
         out = weights @ v  # (B, H, Lq, d)
         if self.rel_values is not None:
             out = out + self.output(weights, q_offset=q_offset)
-        return out
+        return out.to(dtype)
