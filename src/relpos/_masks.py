@@ -18,7 +18,7 @@ import torch
 
 from .buckets import relative_positions
 
-__all__ = ["KeyRanges", "check_attn_mask", "check_key_mask", "key_ranges"]
+__all__ = ["KeyRanges", "check_attn_mask", "check_key_mask", "fold_key_mask", "key_ranges"]
 
 
 def check_attn_mask(attn_mask, shape: tuple[int, int, int, int], *, name: str = "attn_mask") -> torch.Tensor | None:
@@ -60,6 +60,16 @@ def check_key_mask(key_mask, batch: int, key_length: int) -> torch.Tensor | None
     if tuple(key_mask.shape) != (batch, key_length):
         raise ValueError(f"key_mask must have shape (B, Lk) = {(batch, key_length)}, got {tuple(key_mask.shape)}")
     return key_mask
+
+
+def fold_key_mask(attn_mask: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
+    """One dense mask hiding what ``attn_mask`` hides and the keys ``key_mask`` (B, Lk) marks False."""
+    keep = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
+    if attn_mask is None:
+        return keep
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
 
 
 @dataclass(frozen=True)

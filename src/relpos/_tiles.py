@@ -59,9 +59,13 @@ def plan_tiles(
     q_offset: int = 0,
     causal: bool = False,
     key_ranges: tuple[tuple[int, int], ...] | None = None,
-    chunk: int = CAUSAL_CHUNK,
+    chunk: int | None = None,
 ) -> list[Tile]:
-    """Tiles covering every visible score exactly once; ``key_ranges[b] = (start, end)``."""
+    """Tiles covering every visible score exactly once; ``key_ranges[b] = (start, end)``.
+
+    ``chunk``: query rows per causal chunk, :data:`CAUSAL_CHUNK` by default.
+    """
+    chunk = CAUSAL_CHUNK if chunk is None else chunk
     tiles = []
     for b0, b1, start, end in _groups(batch, key_length, key_ranges):
         if not causal:

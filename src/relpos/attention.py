@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from ._checks import check_bool, check_choice, check_int, check_probability, check_scale
 from ._dropout import draw_seed, keep_dense
 from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
-from ._masks import KeyRanges, check_attn_mask, check_key_mask, key_ranges
-from ._tiles import CAUSAL_CHUNK, Tile, plan_tiles
+from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
+from . import _tiles
+from ._tiles import Tile, plan_tiles
 from .bias import AdditiveBias, OffsetBias, hankel_view
 from .buckets import relative_positions
 
@@ -158,12 +159,8 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
         ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
         if ranges is None:
             dense_reason = "attn_mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
-            if key_mask is not None:  # fold it into the dense mask
-                keep = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
-                if attn_mask is None or attn_mask.dtype == torch.bool:
-                    attn_mask = keep if attn_mask is None else attn_mask & keep
-                else:
-                    attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
+            if key_mask is not None:
+                attn_mask = fold_key_mask(attn_mask, key_mask)
         else:
             attn_mask, causal = None, causal or ranges.causal
             if ranges.covers_all(key_length):
@@ -399,7 +396,7 @@ def _sdpa(call: _Call) -> torch.Tensor:
         values = call.offset_values()  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
             values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
-        if call.ranges is None and (q.shape[2] <= CAUSAL_CHUNK or torch.compiler.is_compiling()):
+        if call.ranges is None and (q.shape[2] <= _tiles.CAUSAL_CHUNK or torch.compiler.is_compiling()):
             # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
             hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
             return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale).flip(-2)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_int
-from .attention import Backend, BiasLike, attention, resolve_bias
+from ._checks import check_bool, check_choice, check_int, check_probability, check_scale
+from .attention import BACKENDS, Backend, BiasLike, attention, resolve_bias
+from ._masks import check_key_mask, fold_key_mask
 from .bias import AdditiveBias
 from .rotary import RotaryEmbedding
 from .shaw import ShawRelativePosition
@@ -58,6 +59,7 @@ class MultiheadAttention(nn.Module):
         head_dim: per-head width (default ``embed_dim // num_heads``).
         causal: mask future keys in self-attention.
         scale: logit scale, ``None`` for ``1/sqrt(head_dim)``.
+        dropout: attention-weight dropout probability, applied only in training mode.
         bias: whether the projections have biases.
         backend: attention backend (:func:`relpos.attention`).
 
@@ -77,6 +79,7 @@ class MultiheadAttention(nn.Module):
         head_dim: int | None = None,
         causal: bool = False,
         scale: float | None = None,
+        dropout: float = 0.0,
         bias: bool = False,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
@@ -98,9 +101,10 @@ class MultiheadAttention(nn.Module):
         self.head_dim = check_int("head_dim", head_dim, minimum=1)
         self._check_position(position)
         self.position = position
-        self.causal = causal
-        self.scale = scale
-        self.backend = backend
+        self.causal = check_bool("causal", causal)
+        self.scale = check_scale("scale", scale)
+        self.dropout = check_probability("dropout", dropout)
+        self.backend = check_choice("backend", backend, BACKENDS)
         factory = {"device": device, "dtype": dtype}
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv = nn.Linear(embed_dim, q_width + 2 * kv_width, bias=bias, **factory)
@@ -142,10 +146,14 @@ class MultiheadAttention(nn.Module):
         memory: torch.Tensor | None = None,
         cache: KVCache | None = None,
         attn_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         position_bias: BiasLike = None,
         q_offset: int | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
         """``x`` (B, Lq, embed_dim); ``memory`` (B, Lk, embed_dim) for cross-attention.
+
+        ``attn_mask`` and ``key_mask`` as in :func:`relpos.attention` (``key_mask`` (B, Lk): True
+        for real tokens among all the keys, cached ones included).
 
         With a ``cache`` (self-attention) the new keys and values are appended to it and the
         queries take positions ``cache.length ..``; ``q_offset`` overrides that position. With a
@@ -168,6 +176,8 @@ class MultiheadAttention(nn.Module):
         if isinstance(position, ShawRelativePosition):
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            if key_mask is not None:
+                attn_mask = fold_key_mask(attn_mask, check_key_mask(key_mask, x.shape[0], k.shape[-2]))
             out = position.attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset)
         else:
             if position_bias is None and isinstance(position, AdditiveBias):
@@ -175,8 +185,10 @@ class MultiheadAttention(nn.Module):
                     position, q.shape[-2], k.shape[-2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
                 )
             out = attention(
-                q, k, v, bias=position_bias, causal=causal, attn_mask=attn_mask, scale=self.scale,
-                q_offset=q_offset, backend=self.backend,
+                q, k, v, bias=position_bias, causal=causal, attn_mask=attn_mask, key_mask=key_mask,
+                dropout_p=self.dropout if self.training else 0.0, scale=self.scale, q_offset=q_offset,
+                backend=self.backend,
             )  # (B, H, Lq, dh)
         out = out.transpose(1, 2).flatten(-2)  # (B, Lq, H*dh)
         return self.out(out), position_bias
+

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_bool, check_int
 from .attention import Backend, BiasLike, attention
 from .bias import AdditiveBias
 from .mha import KVCache, MultiheadAttention
@@ -37,8 +37,9 @@ class T5Attention(MultiheadAttention):
         head_dim: per-head width (T5's ``d_kv``); ``dim // num_heads`` by default.
         causal: mask future keys in self-attention; defaults to ``not bidirectional``.
         scale: logit scale, ``1.0`` like T5; ``None`` for ``1/sqrt(head_dim)``.
+        dropout: attention-weight dropout (T5's ``dropout_rate``), applied only in training mode.
 
-    ``forward(x, mask=None, position_bias=None)`` returns ``(output, position_bias)``.
+    ``forward(x, mask=None, position_bias=None, *, key_mask=None)`` returns ``(output, position_bias)``.
     """
 
     def __init__(
@@ -54,10 +55,13 @@ class T5Attention(MultiheadAttention):
         head_dim: int | None = None,
         causal: bool | None = None,
         scale: float | None = 1.0,
+        dropout: float = 0.0,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
+        check_bool("has_relative_bias", has_relative_bias)
+        check_bool("bidirectional", bidirectional)
         if relative_bias is None and has_relative_bias:
             relative_bias = RelativePositionalBias(
                 num_heads, num_buckets, max_distance, bidirectional, device=device, dtype=dtype
@@ -69,6 +73,7 @@ class T5Attention(MultiheadAttention):
             head_dim=head_dim,
             causal=(not bidirectional) if causal is None else causal,
             scale=scale,
+            dropout=dropout,
             backend=backend,
             device=device,
             dtype=dtype,
@@ -87,10 +92,16 @@ class T5Attention(MultiheadAttention):
         key_value_states: torch.Tensor | None = None,
         cache: KVCache | None = None,
         q_offset: int | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
-        """Self-attention over ``x`` (B, L, dim), or cross-attention to ``key_value_states``."""
+        """Self-attention over ``x`` (B, L, dim), or cross-attention to ``key_value_states``.
+
+        ``mask``: an attention mask as in :func:`relpos.attention`; ``key_mask`` (B, Lk): True for
+        real tokens (padding at no (B, H, L, L) cost).
+        """
         return super().forward(
-            x, memory=key_value_states, cache=cache, attn_mask=mask, position_bias=position_bias, q_offset=q_offset
+            x, memory=key_value_states, cache=cache, attn_mask=mask, key_mask=key_mask,
+            position_bias=position_bias, q_offset=q_offset,
         )
 
     @classmethod
@@ -135,18 +146,18 @@ class T5Block(nn.Module):
         relative_bias: AdditiveBias,
         causal: bool,
         cross_attention: bool = False,
+        dropout: float = 0.0,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
+        attn = {"dropout": dropout, "backend": backend, **factory}
         self.self_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
-        self.self_attn = T5Attention(dim, num_heads, relative_bias=relative_bias, causal=causal, backend=backend, **factory)
+        self.self_attn = T5Attention(dim, num_heads, relative_bias=relative_bias, causal=causal, **attn)
         self.cross_norm = nn.RMSNorm(dim, eps=1e-6, **factory) if cross_attention else None
-        self.cross_attn = (
-            T5Attention(dim, num_heads, has_relative_bias=False, backend=backend, **factory) if cross_attention else None
-        )
+        self.cross_attn = T5Attention(dim, num_heads, has_relative_bias=False, **attn) if cross_attention else None
         self.ff_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
         self.ff = nn.Sequential(
             nn.Linear(dim, ff_dim, bias=False, **factory), nn.ReLU(), nn.Linear(ff_dim, dim, bias=False, **factory)
@@ -160,20 +171,27 @@ class T5Block(nn.Module):
         memory: torch.Tensor | None = None,
         cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
+        memory_key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
-        h, position_bias = self.self_attn(self.self_norm(x), position_bias=position_bias, cache=cache)
+        """``key_mask`` (B, L): True for this stack's real tokens; ``memory_key_mask`` the same for ``memory``."""
+        h, position_bias = self.self_attn(self.self_norm(x), position_bias=position_bias, cache=cache, key_mask=key_mask)
         x = x + h  # (B, L, dim)
         if self.cross_attn is not None and memory is not None:  # cross_cache: memory's k/v projected once
-            x = x + self.cross_attn(self.cross_norm(x), key_value_states=memory, cache=cross_cache)[0]
+            cross = self.cross_attn(self.cross_norm(x), key_value_states=memory, cache=cross_cache, key_mask=memory_key_mask)
+            x = x + cross[0]
         return x + self.ff(self.ff_norm(x)), position_bias
 
 
 class T5Stack(nn.Module):
     """A T5 encoder (``bidirectional=True``) or decoder stack with ONE relative bias for all layers.
 
-    ``forward(x, memory=None, caches=None)``: ``x`` (B, L, dim) embeddings; ``memory`` the
-    encoder output (decoder with ``cross_attention=True``); ``caches`` one :class:`KVCache` per
-    layer for token-by-token decoding. Layer 0 builds the bias, the others reuse it.
+    ``forward(x, memory=None, caches=None, key_mask=None, memory_key_mask=None)``: ``x`` (B, L, dim)
+    embeddings; ``memory`` the encoder output (decoder with ``cross_attention=True``); ``caches``
+    one :class:`KVCache` per layer for token-by-token decoding; ``key_mask`` / ``memory_key_mask``
+    (B, L) True for real tokens of ``x`` (all cached ones while decoding) / of ``memory``.
+    ``dropout`` is the attention-weight dropout of every layer (training mode only). Layer 0
+    builds the bias, the others reuse it.
     """
 
     def __init__(
@@ -187,18 +205,20 @@ class T5Stack(nn.Module):
         max_distance: int = 128,
         bidirectional: bool = True,
         cross_attention: bool = False,
+        dropout: float = 0.0,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_int("num_layers", num_layers, minimum=1)
+        check_bool("bidirectional", bidirectional)
         factory = {"device": device, "dtype": dtype}
         self.relative_bias = RelativePositionalBias(num_heads, num_buckets, max_distance, bidirectional, **factory)
         self.blocks = nn.ModuleList(
             T5Block(
                 dim, num_heads, ff_dim, relative_bias=self.relative_bias, causal=not bidirectional,
-                cross_attention=cross_attention, backend=backend, **factory,
+                cross_attention=cross_attention, dropout=dropout, backend=backend, **factory,
             )
             for _ in range(num_layers)
         )
@@ -214,6 +234,8 @@ class T5Stack(nn.Module):
         *,
         memory: torch.Tensor | None = None,
         caches: list[tuple[KVCache, KVCache] | KVCache] | None = None,
+        key_mask: torch.Tensor | None = None,
+        memory_key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``caches``: from :meth:`new_caches` (or one self-attention ``KVCache`` per layer)."""
         if caches is not None and len(caches) != len(self.blocks):
@@ -223,7 +245,8 @@ class T5Stack(nn.Module):
             pair = (None, None) if caches is None else caches[i]
             self_cache, cross_cache = (pair, None) if isinstance(pair, KVCache) else pair
             x, position_bias = block(
-                x, position_bias=position_bias, memory=memory, cache=self_cache, cross_cache=cross_cache
+                x, position_bias=position_bias, memory=memory, cache=self_cache, cross_cache=cross_cache,
+                key_mask=key_mask, memory_key_mask=memory_key_mask,
             )
         return self.final_norm(x)
 
