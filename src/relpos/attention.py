@@ -327,8 +327,12 @@ def attention(
     from ._flex import flex_biased_attention
 
     keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
-    return flex_biased_attention(call.query, call.key, call.value, call.offset_values(), scale=call.scale,
-                                 causal=call.causal, q_offset=call.q_offset, key_keep=keep)
+    q, k, v = call.query, call.key, call.value
+    if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return flex_biased_attention(
+        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_keep=keep
+    )
 
 
 def _dense_mask(
