@@ -14,7 +14,9 @@ def test_bench_reports_every_variant():
     assert all(r["ms"] > 0 for r in report["results"])
     text = markdown_tables(report)
     assert "### forward" in text and "### train" in text and "| 1 | 64 |" in text
-    assert len(ratio_summary(report, 64)) == 13  # build, 4 per batch size x 2, 2 memory, 2 decode
+    assert len(ratio_summary(report, 64)) == 13 + 4 + 7  # + causal 2 per batch size x 2, padded 2, memory 3, dropout 2
+    for mode in ("causal_forward", "causal_train", "padded_forward", "padded_train", "dropout_train"):
+        assert (mode, "relpos_auto") in variants and f"### {mode}" in text
     assert report["machine"]["torch"] and report["machine"]["transformers"]
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._dropout import keep_rows
+from ._dropout import effective_p, keep_rows
 from ._tiles import Tile, tile_bias
 
 __all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
@@ -71,7 +71,7 @@ def _dropout_scale(dropout, b: int, tile: Tile, a: int, c: int, heads: int, key_
     """(H, c - a, K) keep / (1 - p) for the reversed tile rows a:c of example b (original rows r1-c .. r1-a)."""
     seed, p = dropout
     keep = keep_rows(seed, b, tile.r1 - c, tile.r1 - a, heads, key_length, p, device)[:, :, tile.k0 : tile.k1]
-    return keep.flip(1).to(dtype) / (1.0 - p)
+    return keep.flip(1).to(dtype) / (1.0 - effective_p(p))
 
 
 def _row_blocks(rows: int, heads: int, keys: int):

@@ -7,6 +7,10 @@ Modes:
 * ``forward``: inference (``torch.no_grad``), bidirectional (encoder) attention.
 * ``train``: forward + backward with a learnable bias table (gradients into q, k, v and the table).
 * ``build``: building the bias for (L, L); ``decode``: one query against a cache of L keys.
+* ``causal``: a decoder (causal) forward, and training with a learnable table.
+* ``padded``: a batch of mixed lengths (``B`` examples filled to 100%, 87.5%, 62.5%, 50%, ...,
+  right padding) with a key padding mask: forward, and training with a learnable table.
+* ``dropout``: training with a learnable table and attention dropout 0.1.
 
 Memory: the process's peak resident set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``)
 minus its resident set before the call; inputs are allocated before. Elsewhere it is reported as
@@ -39,7 +43,7 @@ HEADS, HEAD_DIM, SCALE = 8, 64, 0.125
 class BenchConfig:
     lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
     batches: tuple[int, ...] = (1, 4)
-    modes: tuple[str, ...] = ("build", "forward", "train", "decode")
+    modes: tuple[str, ...] = ("build", "forward", "train", "decode", "causal", "padded", "dropout")
     rounds: int = 3
     memory_limit_gib: float = 14.0  # skip a variant whose (B, H, L, L) tensors would not fit
     flex: bool = True
@@ -158,6 +162,8 @@ def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) ->
     copies = {"hf_eager": 3, "hf_sdpa": 2, "relpos_sdpa": 0}.get(variant, 0)
     if mode == "train" and variant in ("hf_eager", "hf_sdpa", "relpos_sdpa"):
         copies = 5  # the math path keeps scores, weights and their gradients
+    if variant == "sdpa_math_dropout":
+        copies = 4  # SDPA's math kernel with dropout: scores, weights, dropout mask and gradients
     return copies * dense <= limit_gib
 
 
@@ -181,8 +187,8 @@ def run_bench(config: BenchConfig) -> dict:
     hf, hf_eager, hf_sdpa = _hf()
     ours = relpos.RelativePositionalBias(HEADS)
     ours.relative_attention_bias.load_state_dict(hf.relative_attention_bias.state_dict())
-    plan = [(m, b, n) for m in config.modes for b in config.batches for n in config.lengths]
-    counts = {"build": 2, "decode": 3, "forward": 5, "train": 7}
+    plan = [(m, b, n) for m in _expand(config.modes) for b in config.batches for n in config.lengths]
+    counts = {"build": 2, "decode": 3, "forward": 5, "train": 7, **{m: len(v) for m, v in REAL_VARIANTS.items()}}
     progress = Progress(sum(counts[m] * config.rounds for m, b, n in plan if m not in ("build", "decode") or b == 1))
     results: list[Result] = []
     for mode, batch, length in plan:
@@ -191,6 +197,8 @@ def run_bench(config: BenchConfig) -> dict:
             if batch != 1:
                 continue
             variants = _micro_variants(mode, length, hf, ours)
+        elif mode in REAL_VARIANTS:
+            variants = _real_variants(mode, batch, length, hf, hf_sdpa, ours)
         else:
             variants = _variants(mode, batch, length, hf, hf_eager, hf_sdpa, ours, config.flex)
         skipped = {n for n in variants if not _fits(n, mode, batch, length, config.memory_limit_gib)}
@@ -214,6 +222,88 @@ def run_bench(config: BenchConfig) -> dict:
         "config": asdict(config),
         "results": [asdict(r) for r in results],
     }
+
+
+REAL_VARIANTS = {  # the rows of the real-inputs modes, in table order
+    "causal_forward": ("sdpa_causal_no_bias", "hf_sdpa", "relpos_auto"),
+    "causal_train": ("sdpa_causal_no_bias", "sdpa_causal_frozen_bias", "relpos_auto"),
+    "padded_forward": ("sdpa_padded_no_bias", "hf_sdpa", "relpos_auto"),
+    "padded_train": ("sdpa_padded_no_bias", "sdpa_padded_frozen_bias", "relpos_auto"),
+    "dropout_train": ("sdpa_frozen_bias", "relpos_auto_no_dropout", "relpos_auto", "sdpa_math_dropout"),
+}
+MODES = ("build", "forward", "train", "decode", "causal", "padded", "dropout")
+
+
+def _expand(modes: tuple[str, ...]) -> list[str]:
+    """``causal`` -> causal_forward, causal_train (and likewise ``padded``); ``dropout`` -> dropout_train."""
+    out = []
+    for mode in modes:
+        out += [m for m in REAL_VARIANTS if m.startswith(mode + "_")] or [mode]
+    return out
+
+
+def padded_lengths(batch: int, length: int) -> list[int]:
+    """Mixed real lengths of a padded batch: 100%, 87.5%, 62.5%, 50% of L, repeating."""
+    fill = (1.0, 0.875, 0.625, 0.5)
+    return [max(1, int(length * fill[b % 4])) for b in range(batch)]
+
+
+def _real_variants(mode: str, batch: int, length: int, hf, hf_sdpa, ours) -> dict[str, Callable]:
+    """Padding, causal and dropout: each variant computes the same attention (tests check the relpos ones)."""
+    grad = mode.endswith("_train")
+    causal = mode.startswith("causal")
+    q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, requires_grad=grad) for _ in range(3))
+    table = ours.relative_attention_bias.weight
+    table.requires_grad_(grad)
+    keep = None
+    if mode.startswith("padded"):
+        j = torch.arange(length)
+        keep = torch.stack([j < n for n in padded_lengths(batch, length)])  # (B, L) right padding
+    sdpa_mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L) bool
+
+    def step(fn):
+        def run():
+            if grad:
+                for t in (q, k, v, table):
+                    t.grad = None
+                fn().sum().backward()
+            else:
+                with torch.no_grad():
+                    fn()
+
+        return run
+
+    def frozen(**kw):
+        def fn():
+            with torch.no_grad():
+                offsets = ours.offsets(length, length)
+            return relpos.attention(q, k, v, bias=offsets, scale=SCALE, backend="sdpa", **kw)
+
+        return fn
+
+    def hf_run():
+        position_bias = hf.compute_bias(length, length)  # (1, H, L, L)
+        if causal:
+            position_bias = position_bias.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+        if keep is not None:
+            position_bias = position_bias.masked_fill(~sdpa_mask, torch.finfo(torch.float32).min)  # (B, H, L, L)
+        return hf_sdpa(hf, q, k, v, None, scaling=SCALE, position_bias=position_bias)[0]
+
+    kw = {"causal": causal, "key_mask": keep}
+    all_variants = {
+        "sdpa_causal_no_bias": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE),
+        "sdpa_padded_no_bias": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, scale=SCALE),
+        "hf_sdpa": hf_run,
+        "relpos_auto": lambda: relpos.attention(
+            q, k, v, bias=ours, scale=SCALE, dropout_p=0.1 if mode == "dropout_train" else 0.0, **kw
+        ),
+        "relpos_auto_no_dropout": lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, **kw),
+        "sdpa_causal_frozen_bias": frozen(**kw),
+        "sdpa_padded_frozen_bias": frozen(**kw),
+        "sdpa_frozen_bias": frozen(**kw),
+        "sdpa_math_dropout": lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, scale=SCALE),
+    }
+    return {name: step(all_variants[name]) for name in REAL_VARIANTS[mode]}
 
 
 def _micro_variants(mode: str, length: int, hf, ours) -> dict[str, Callable]:
@@ -260,7 +350,7 @@ def markdown_tables(report: dict) -> str:
     results = report["results"]
     table = _lookup(results)
     lines = []
-    for mode in ("forward", "train", "build", "decode"):
+    for mode in ("forward", "train", "build", "decode", *REAL_VARIANTS):
         rows = [r for r in results if r["mode"] == mode]
         if not rows:
             continue
@@ -310,6 +400,20 @@ def ratio_summary(report: dict, length: int = 4096) -> list[tuple[str, str, str]
         ("decode: recompute full bias / relpos whole decode step", fmt(ratio(get("decode", 1, "recompute_full_bias"), get("decode", 1, "relpos_decode_step"))), ">= 10x"),
         ("decode: recompute full bias / relpos bias row", fmt(ratio(get("decode", 1, "recompute_full_bias"), get("decode", 1, "relpos_bias_row"))), ">= 10x"),
     ]
+    for b in (1, 4):
+        rows += [
+            (f"causal forward B={b}: relpos_auto / sdpa_causal_no_bias", fmt(ratio(get("causal_forward", b, "relpos_auto"), get("causal_forward", b, "sdpa_causal_no_bias"))), "<= 1.15x"),
+            (f"causal train B={b}: relpos_auto / sdpa_causal_frozen_bias", fmt(ratio(get("causal_train", b, "relpos_auto"), get("causal_train", b, "sdpa_causal_frozen_bias"))), "<= 1.5x"),
+        ]
+    rows += [
+        ("padded forward B=4: relpos_auto / sdpa_padded_no_bias", fmt(ratio(get("padded_forward", 4, "relpos_auto"), get("padded_forward", 4, "sdpa_padded_no_bias"))), "<= 1.15x"),
+        ("padded train B=4: relpos_auto / sdpa_padded_frozen_bias", fmt(ratio(get("padded_train", 4, "relpos_auto"), get("padded_train", 4, "sdpa_padded_frozen_bias"))), "<= 1.5x"),
+        ("peak extra memory, padded forward B=4: relpos_auto", fmt(get("padded_forward", 4, "relpos_auto", "peak_mib"), " MiB"), "< 512 MiB"),
+        ("peak extra memory, padded train B=4: relpos_auto", fmt(get("padded_train", 4, "relpos_auto", "peak_mib"), " MiB"), "< 512 MiB"),
+        ("peak extra memory, causal forward B=4: relpos_auto", fmt(get("causal_forward", 4, "relpos_auto", "peak_mib"), " MiB"), "< 512 MiB"),
+        ("dropout 0.1 train B=4: time relpos_auto / relpos_auto_no_dropout", fmt(ratio(get("dropout_train", 4, "relpos_auto"), get("dropout_train", 4, "relpos_auto_no_dropout"))), "stated"),
+        ("dropout 0.1 train B=4: peak extra memory relpos_auto / relpos_auto_no_dropout", f"{fmt(get('dropout_train', 4, 'relpos_auto', 'peak_mib'), ' MiB')} / {fmt(get('dropout_train', 4, 'relpos_auto_no_dropout', 'peak_mib'), ' MiB')}", "alike"),
+    ]
     return rows
 
 
@@ -324,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
 def add_arguments(parser) -> None:
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
     parser.add_argument("--batches", default="1,4")
-    parser.add_argument("--modes", default="build,forward,train,decode")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)} (default: all)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex backend (compiles per shape)")
     parser.add_argument("--json", help="write the full report (every sample) here")
@@ -339,9 +445,9 @@ def run_from_args(args) -> int:
         rounds=args.rounds,
         flex=not args.no_flex,
     )
-    unknown = set(config.modes) - {"build", "forward", "train", "decode"}
+    unknown = set(config.modes) - set(MODES)
     if unknown:
-        raise ValueError(f"--modes must be among build, forward, train, decode; got {sorted(unknown)}")
+        raise ValueError(f"--modes must be among {', '.join(MODES)}; got {sorted(unknown)}")
     report = run_bench(config)
     text = markdown_tables(report)
     summary = ["| target | measured | goal |", "|---|---|---|"]
