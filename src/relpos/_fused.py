@@ -205,16 +205,13 @@ def tiled_sdpa(
 ) -> torch.Tensor:
     """The same tiles through ``F.scaled_dot_product_attention`` (any device; autograd by torch)."""
     batch, heads, query_length, _ = query.shape
-    out = None
+    covers_all = len(tiles) == 1 and tiles[0][:4] == (0, batch, 0, query_length)
+    out = None if covers_all else query.new_zeros(batch, heads, query_length, value.shape[-1])  # unseen rows: 0
     for tile in tiles:
         qt, kt, vt = _tile_inputs(query, key, value, tile)
         mask = tile_bias(values, tile, query_length)  # (1, Hb, R, K) view
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale).flip(-2)
-        if len(tiles) == 1 and tile[:4] == (0, batch, 0, query_length):
-            return o  # one tile covers everything: no copy
         if out is None:
-            out = query.new_zeros(batch, heads, query_length, value.shape[-1])  # rows in no tile stay 0
+            return o  # one tile covers everything: no copy
         out[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = o
-    if out is None:
-        out = query.new_zeros(batch, heads, query_length, value.shape[-1])
     return out
