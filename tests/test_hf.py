@@ -1,0 +1,232 @@
+"""relpos.hf.accelerate: transformers' T5, mT5 and UMT5 on relpos attention, against the unmodified models.
+
+No downloads: models are built from small configs with random weights (as transformers' own tests
+do); relative_attention_max_distance is small so sequences reach past it.
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import relpos.hf as rh  # noqa: E402
+from relpos import OffsetBias  # noqa: E402
+
+SMALL = dict(
+    vocab_size=96, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+    pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
+)
+FAMILIES = {
+    "t5": (transformers.T5Config, transformers.T5ForConditionalGeneration),
+    "mt5": (transformers.MT5Config, transformers.MT5ForConditionalGeneration),
+    "umt5": (transformers.UMT5Config, transformers.UMT5ForConditionalGeneration),
+}
+
+
+def pair(family="t5", model_class=None, **overrides):
+    """(transformers' model, an accelerated deep copy with the same weights)."""
+    config_class, default_class = FAMILIES[family]
+    torch.manual_seed(0)
+    reference = (model_class or default_class)(config_class(**{**SMALL, **overrides})).eval()
+    return reference, rh.accelerate(copy.deepcopy(reference))
+
+
+def batch(b=3, length=40, target=30):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, SMALL["vocab_size"], (b, length), generator=g)
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[1, 25:] = 0  # right padding, as T5 tokenizers pad
+    mask[2, 31:] = 0
+    ids = ids.masked_fill(mask == 0, SMALL["pad_token_id"])
+    labels = torch.randint(2, SMALL["vocab_size"], (b, target), generator=g)
+    labels[2, 20:] = -100  # padded labels
+    return ids, mask, labels
+
+
+def grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_logits_loss_and_every_gradient_equal_transformers(family):
+    reference, accelerated = pair(family)
+    ids, mask, labels = batch()
+    outs = []
+    for model in (reference, accelerated):
+        model.train()  # dropout_rate = 0: training mode, deterministic
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        outs.append((out.logits.detach(), out.loss.detach(), grads(model)))
+    (l1, loss1, g1), (l2, loss2, g2) = outs
+    real = mask.bool()[:, None, :].expand(-1, labels.shape[1], -1)  # noqa: F841 - every decoder row is real
+    assert torch.allclose(l2, l1, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(loss2, loss1, rtol=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 10
+    for name in g1:
+        scale = g1[name].abs().max().clamp(min=1e-6)
+        assert (g2[name] - g1[name]).abs().max() <= 1e-4 * scale, name
+    tables = [n for n in g1 if "relative_attention_bias" in n]
+    assert len(tables) == (4 if family == "umt5" else 2)  # UMT5: a table in every layer; T5: layer 0 of each stack
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_generate_identical_tokens_greedy_beam_and_sampling(family):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    for kwargs in ({"do_sample": False}, {"num_beams": 3, "do_sample": False}, {"do_sample": True, "top_k": 10}):
+        tokens = []
+        for model in (reference, accelerated):
+            torch.manual_seed(7)
+            tokens.append(model.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24, **kwargs))
+        assert torch.equal(tokens[0], tokens[1]), kwargs
+
+
+def test_the_bias_is_per_offset_and_never_dense(monkeypatch):
+    reference, accelerated = pair("t5")
+    ids, mask, labels = batch()
+    seen = []
+    real = rh.t5.attention
+
+    def spy(query, key, value, **kwargs):
+        seen.append(kwargs["bias"])
+        return real(query, key, value, **kwargs)
+
+    monkeypatch.setattr(rh.t5, "attention", spy)
+    calls = []
+    owner = accelerated.encoder.block[0].layer[0].SelfAttention
+    monkeypatch.setattr(type(owner), "compute_bias", lambda *a, **k: calls.append(1))  # the dense one: never called
+    accelerated(input_ids=ids, attention_mask=mask, labels=labels)
+    assert not calls
+    self_attention = [b for b in seen if b is not None]
+    assert len(self_attention) == 4 and all(isinstance(b, OffsetBias) for b in self_attention)
+    assert all(b.values.shape == (4, 2 * b.query_length - 1) for b in self_attention)
+
+
+@pytest.mark.parametrize(
+    "model_class", [transformers.T5Model, transformers.T5EncoderModel, transformers.T5ForTokenClassification]
+)
+def test_other_heads_of_the_family(model_class):
+    reference, accelerated = pair("t5", model_class=model_class)
+    ids, mask, _ = batch()
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if model_class is transformers.T5Model:
+        kwargs["decoder_input_ids"] = ids[:, :12]
+    with torch.no_grad():
+        a, b = reference(**kwargs), accelerated(**kwargs)
+    first = "logits" if model_class is transformers.T5ForTokenClassification else "last_hidden_state"
+    assert torch.allclose(getattr(b, first), getattr(a, first), atol=1e-5)
+
+
+def test_state_dict_names_and_round_trips(tmp_path):
+    reference, accelerated = pair("t5")
+    assert list(accelerated.state_dict()) == list(reference.state_dict())
+    assert [n for n, _ in accelerated.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    accelerated.save_pretrained(tmp_path)
+    plain = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path)  # plain transformers loads it
+    assert plain.config._attn_implementation != "relpos"
+    assert "compute_bias" not in vars(plain.encoder.block[0].layer[0].SelfAttention)
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        assert torch.allclose(plain(input_ids=ids, attention_mask=mask, labels=labels).logits,
+                              reference(input_ids=ids, attention_mask=mask, labels=labels).logits, atol=1e-5)
+    torch.save(accelerated.state_dict(), tmp_path / "sd.pt")
+    reference.load_state_dict(torch.load(tmp_path / "sd.pt"))
+
+
+def test_restore_and_idempotence():
+    reference, accelerated = pair("t5")
+    assert rh.accelerate(accelerated) is accelerated and rh.is_accelerated(accelerated)
+    rh.restore(accelerated)
+    assert not rh.is_accelerated(accelerated)
+    assert accelerated.config._attn_implementation == reference.config._attn_implementation
+    owner = accelerated.encoder.block[0].layer[0].SelfAttention
+    assert "compute_bias" not in vars(owner)
+    with pytest.raises(ValueError, match="was not accelerated"):
+        rh.restore(accelerated)
+    # other models in the process are untouched by accelerating one
+    other = transformers.T5ForConditionalGeneration(transformers.T5Config(**SMALL))
+    rh.accelerate(accelerated)
+    assert other.config._attn_implementation != "relpos" and "compute_bias" not in vars(other.encoder.block[0].layer[0].SelfAttention)
+
+
+def test_unsupported_models_are_refused():
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
+    with pytest.raises(TypeError, match=r"supports transformers models of the T5 family.*got BertModel"):
+        rh.accelerate(bert)
+    longt5 = transformers.LongT5Model(transformers.LongT5Config(**{k: v for k, v in SMALL.items() if k != "dropout_rate"}))
+    with pytest.raises(TypeError, match="LongT5 and SwitchTransformers"):
+        rh.accelerate(longt5)
+    with pytest.raises(TypeError, match="got Linear"):
+        rh.accelerate(torch.nn.Linear(2, 2))
+
+
+def test_bf16_within_bf16_tolerance():
+    reference, accelerated = pair("t5")
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        exact = reference(input_ids=ids, attention_mask=mask, labels=labels).logits
+        reference_bf16 = reference.to(torch.bfloat16)(input_ids=ids, attention_mask=mask, labels=labels).logits.float()
+        ours = accelerated.to(torch.bfloat16)(input_ids=ids, attention_mask=mask, labels=labels).logits.float()
+    assert ours.dtype == torch.float32 and torch.isfinite(ours).all()
+    assert (ours - exact).abs().max() <= 2 * (reference_bf16 - exact).abs().max() + 1e-2
+
+
+def test_dropout_in_training_mode_only():
+    reference, accelerated = pair("t5", dropout_rate=0.3)
+    ids, mask, labels = batch()
+    accelerated.eval()
+    with torch.no_grad():
+        a = accelerated(input_ids=ids, attention_mask=mask, labels=labels).logits
+        assert torch.equal(a, accelerated(input_ids=ids, attention_mask=mask, labels=labels).logits)
+    accelerated.train()
+    torch.manual_seed(0)
+    b = accelerated(input_ids=ids, attention_mask=mask, labels=labels)
+    b.loss.backward()
+    assert not torch.allclose(b.logits, a)
+    table = accelerated.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+    assert table.grad is not None and torch.isfinite(table.grad).all()
+
+
+def test_output_attentions_fall_back_to_the_eager_weights():
+    reference, accelerated = pair("t5")
+    reference.set_attn_implementation("eager")
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        a = reference(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+        b = accelerated(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+    assert len(b.encoder_attentions) == 2 and b.encoder_attentions[0].shape == a.encoder_attentions[0].shape
+    for x, y in zip(a.encoder_attentions + a.decoder_attentions, b.encoder_attentions + b.decoder_attentions):
+        assert torch.allclose(x, y, atol=1e-5)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5)
+
+
+def test_gradient_checkpointing():
+    reference, accelerated = pair("t5")
+    ids, mask, labels = batch()
+    results = []
+    for model in (reference, accelerated):
+        model.train()
+        model.gradient_checkpointing_enable()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        results.append(grads(model))
+    for name in results[0]:
+        assert torch.allclose(results[1][name], results[0][name], rtol=1e-4, atol=1e-6), name
+    accelerated.zero_grad()
+    accelerated.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(RuntimeError, match="use_reentrant=True"):
+        accelerated(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+
+
+def test_torch_compile():
+    reference, accelerated = pair("t5", model_class=transformers.T5EncoderModel)
+    ids, mask, _ = batch()
+    compiled = torch.compile(accelerated)
+    with torch.no_grad():
+        assert torch.allclose(
+            compiled(input_ids=ids, attention_mask=mask).last_hidden_state,
+            reference(input_ids=ids, attention_mask=mask).last_hidden_state,
+            atol=1e-5,
+        )
