@@ -175,3 +175,15 @@ def test_flex_trains_on_gpu():
         grads[backend] = [q.grad, k.grad, v.grad, bias.relative_attention_bias.weight.grad]
     for a, b in zip(*grads.values()):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
+
+
+def test_small_problems_take_one_sdpa_call():
+    """Below 2**21 scores, dropout and padding take SDPA in one call (tiles and blocks would cost more calls)."""
+    bias = RelativePositionalBias(4)
+    q, k, v = qkv(lq=16, lk=16)
+    choice = select_backend(q, k, v, bias=bias, dropout_p=0.1)
+    assert choice.backend == "sdpa" and "fewer than" in choice.rejected["fused"]
+    keep = torch.ones(2, 16, dtype=torch.bool)
+    keep[1, 9:] = False
+    out = attention(q, k, v, bias=bias, key_mask=keep)
+    assert torch.allclose(out, attention(q, k, v, bias=bias, key_mask=keep, backend="eager"), atol=1e-5)

@@ -230,3 +230,17 @@ def test_torch_compile():
             reference(input_ids=ids, attention_mask=mask).last_hidden_state,
             atol=1e-5,
         )
+
+
+def test_trainer_example_runs(capsys):
+    """examples/t5_trainer.py: Trainer fine-tunes an accelerated T5 (a short smoke run here)."""
+    import importlib.util
+    import pathlib
+
+    pytest.importorskip("accelerate")
+    path = pathlib.Path(__file__).parents[1] / "examples" / "t5_trainer.py"
+    spec = importlib.util.spec_from_file_location("t5_trainer", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    accuracy = example.main(["--steps", "20", "--eval-size", "16"])
+    assert 0.0 <= accuracy <= 1.0 and "exact match on 16" in capsys.readouterr().out

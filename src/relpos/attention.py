@@ -105,6 +105,12 @@ class _Call:
     def key_length(self) -> int:
         return self.key.shape[2]
 
+    @property
+    def small(self) -> bool:
+        """Fewer scores than the per-offset machinery (tiles, blockwise backward) pays off for."""
+        batch, heads, query_length, _ = self.query.shape
+        return batch * heads * query_length * self.key_length < _FUSED_MIN_SCORES
+
     def tiles(self) -> list[Tile]:
         ranges = None if self.ranges is None else tuple(zip(self.ranges.starts, self.ranges.ends))
         batch, _, query_length, _ = self.query.shape
@@ -212,14 +218,19 @@ def _choose(call: _Call) -> BackendChoice:
     if call.dense_reason:
         rejected.update(fused=fused_no, flex=flex_no)
         return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)
+    small = call.small
+    small_why = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
     if call.dropout_p:
+        if fused_no is None and small:
+            rejected.update(fused=small_why, flex=flex_no)
+            return BackendChoice("sdpa", "dropout on a small problem: one SDPA call (math kernel)", rejected)
         if fused_no is None:
             rejected.update(sdpa="SDPA's fused CPU kernels have no dropout: its math kernel holds (B, H, Lq, Lk)", flex=flex_no)
             return BackendChoice("fused", "dropout on CPU: blockwise forward and backward, no (B, H, Lq, Lk)", rejected)
         rejected.update(fused=fused_no, flex=flex_no)
         return BackendChoice("sdpa", f"dropout on {q.device.type}: SDPA's own kernels draw it", rejected)
-    if bias_grad and fused_no is None and q.shape[0] * q.shape[1] * q.shape[2] * call.key_length < _FUSED_MIN_SCORES:
-        fused_no = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
+    if bias_grad and fused_no is None and small:
+        fused_no = small_why
     if bias_grad and fused_no is None:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)")
         rejected.update(flex=flex_no or "fused is the CPU training path")
@@ -404,7 +415,9 @@ def _sdpa(call: _Call) -> torch.Tensor:
             # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
             hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
             return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale).flip(-2)
-        return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p)  # (B, H, Lq, dv)
+        if not call.small:
+            return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p)  # (B, H, Lq, dv)
+        # a small padded batch: one SDPA call with a small dense mask beats one call per padding group
     mask = _call_mask(call)  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
     if dead.any():
