@@ -65,11 +65,8 @@ def exact_match(model, dataset: Sort, batch_size: int = 64) -> float:
     return hits / len(dataset)
 
 
-def main(argv: list[str] | None = None) -> float:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default: 600)")
-    parser.add_argument("--eval-size", type=int, default=256, help="held-out examples for exact match")
-    args = parser.parse_args(argv)
+def train(steps: int):
+    """A randomly initialised small T5, accelerated, fine-tuned by Trainer for ``steps`` steps."""
     torch.manual_seed(0)
     config = T5Config(
         vocab_size=VOCAB, d_model=128, d_kv=32, num_heads=4, d_ff=256, num_layers=2, num_decoder_layers=2,
@@ -81,14 +78,23 @@ def main(argv: list[str] | None = None) -> float:
         trainer = Trainer(
             model=model,
             args=TrainingArguments(
-                output_dir=out, max_steps=args.steps, per_device_train_batch_size=32, learning_rate=3e-3,
-                lr_scheduler_type="linear", warmup_steps=min(50, args.steps // 10), logging_steps=max(1, args.steps // 6),
+                output_dir=out, max_steps=steps, per_device_train_batch_size=32, learning_rate=3e-3,
+                lr_scheduler_type="linear", warmup_steps=min(50, steps // 10), logging_steps=max(1, steps // 6),
                 save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
             ),
-            train_dataset=Sort(args.steps * 32, seed=0),
+            train_dataset=Sort(steps * 32, seed=0),
             data_collator=collate,
         )
         trainer.train()
+    return model
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default: 600)")
+    parser.add_argument("--eval-size", type=int, default=256, help="held-out examples for exact match")
+    args = parser.parse_args(argv)
+    model = train(args.steps)
     accuracy = exact_match(model, Sort(args.eval_size, seed=1))
     print(f"exact match on {args.eval_size} held-out sequences: {accuracy:.1%}")
     return accuracy

@@ -244,3 +244,39 @@ def test_trainer_example_runs(capsys):
     spec.loader.exec_module(example)
     accuracy = example.main(["--steps", "20", "--eval-size", "16"])
     assert 0.0 <= accuracy <= 1.0 and "exact match on 16" in capsys.readouterr().out
+
+
+DDP_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {examples!r})
+import t5_trainer
+
+model = t5_trainer.train(4)
+table = model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.detach()
+world = dist.get_world_size()
+gathered = [torch.empty_like(table) for _ in range(world)]
+dist.all_gather(gathered, table)
+print("world", world, "tables identical", all(torch.equal(gathered[0], g) for g in gathered), flush=True)
+"""
+
+
+def test_trainer_ddp_under_torchrun(tmp_path):
+    """torchrun --nproc_per_node 2 + Trainer (gloo on CPU): the accelerated model trains and its tables stay in sync."""
+    import pathlib
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("accelerate")
+    examples = str(pathlib.Path(__file__).parents[1] / "examples")
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(examples=examples))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("world 2 tables identical True") == 2, done.stdout[-2000:]

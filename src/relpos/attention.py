@@ -164,7 +164,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     if attn_mask is not None or key_mask is not None:
         ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
         if ranges is None:
-            dense_reason = "attn_mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
+            dense_reason = "the mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
             if key_mask is not None:
                 attn_mask = fold_key_mask(attn_mask, key_mask)
         else:
