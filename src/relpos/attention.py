@@ -146,7 +146,8 @@ def _check_qkv(query, key, value) -> None:
         raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
 
 
-def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset) -> _Call:
+def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, *, backend="auto") -> _Call:
+    """Validate once and normalize; key padding is recognised only where a backend can use it."""
     _check_qkv(query, key, value)
     batch, heads, query_length, dim = query.shape
     key_length = key.shape[2]
@@ -161,7 +162,12 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
         value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, dv)
     resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
     ranges, dense_reason = None, None
-    if attn_mask is not None or key_mask is not None:
+    small = batch * heads * query_length * key_length < _FUSED_MIN_SCORES
+    if (attn_mask is not None or key_mask is not None) and small and backend not in ("fused", "flex"):
+        dense_reason = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call with a small dense mask"
+        if key_mask is not None:
+            attn_mask = fold_key_mask(attn_mask, key_mask)
+    elif attn_mask is not None or key_mask is not None:
         ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
         if ranges is None:
             dense_reason = "the mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
@@ -311,8 +317,8 @@ def attention(
     fp32 (fp64 for fp64 inputs) on every backend. A query row whose keys are all masked returns
     zeros (and zero gradients).
     """
-    call = _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset)
     backend = check_choice("backend", backend, BACKENDS)
+    call = _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, backend=backend)
     if backend == "auto":
         backend = _choose(call).backend
     if backend == "eager":
