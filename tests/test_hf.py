@@ -260,6 +260,8 @@ world = dist.get_world_size()
 gathered = [torch.empty_like(table) for _ in range(world)]
 dist.all_gather(gathered, table)
 print("world", world, "tables identical", all(torch.equal(gathered[0], g) for g in gathered), flush=True)
+dist.barrier()
+dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter teardown otherwise
 """
 
 
