@@ -260,7 +260,7 @@ world = dist.get_world_size()
 gathered = [torch.empty_like(table) for _ in range(world)]
 dist.all_gather(gathered, table)
 same = all(torch.equal(gathered[0], g) for g in gathered)
-sys.stdout.write(f"<world {world} tables identical {same}>\n")  # one write: the two ranks share the pipe
+sys.stdout.write(f"<world {{world}} tables identical {{same}}>\\n")  # one write: the two ranks share the pipe
 sys.stdout.flush()
 dist.barrier()
 dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter teardown otherwise
