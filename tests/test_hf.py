@@ -210,13 +210,13 @@ def test_gradient_checkpointing():
     results = []
     for model in (reference, accelerated):
         model.train()
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         results.append(grads(model))
     for name in results[0]:
         assert torch.allclose(results[1][name], results[0][name], rtol=1e-4, atol=1e-6), name
     accelerated.zero_grad()
-    accelerated.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    accelerated.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     with pytest.raises(RuntimeError, match="use_reentrant=True"):
         accelerated(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
 

@@ -100,7 +100,7 @@ def relpos_attention_forward(
         raise RuntimeError(
             "relpos.hf: the per-offset bias reached this layer without its gradient, which happens under gradient "
             "checkpointing with use_reentrant=True (the table would miss the gradients of the layers that share it); "
-            "use the default, model.gradient_checkpointing_enable() (use_reentrant=False)"
+            "use the default, model.activation_checkpointing_enable() (use_reentrant=False)"
         )
     query_length, key_length = query.shape[-2], key.shape[-2]
     causal = bool(getattr(module, "is_causal", False))  # decoder self-attention; queries are the last Lq positions
