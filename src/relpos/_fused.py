@@ -61,10 +61,16 @@ def antidiagonal_sums(a: torch.Tensor) -> torch.Tensor:
     return skewed.sum(-2)
 
 
-def _tile_inputs(query, key, value, tile: Tile):
-    """The tile's queries reversed (b, H, R, d), and its keys and values (b, H, K, d)."""
+def _tile_inputs(q_rev, key, value, tile: Tile):
+    """The tile's reversed queries (b, H, R, d) (a slice of the reversed queries, no copy), keys and values."""
     b0, b1, r0, r1, k0, k1 = tile
-    return query[b0:b1, :, r0:r1].flip(-2), key[b0:b1, :, k0:k1], value[b0:b1, :, k0:k1]
+    a0, a1 = _reversed_rows(tile, q_rev.shape[-2])
+    return q_rev[b0:b1, :, a0:a1], key[b0:b1, :, k0:k1], value[b0:b1, :, k0:k1]
+
+
+def _reversed_rows(tile: Tile, query_length: int) -> tuple[int, int]:
+    """Rows r0:r1 of the queries are rows Lq - r1 : Lq - r0 of the reversed queries (in the tile's order)."""
+    return query_length - tile.r1, query_length - tile.r0
 
 
 def _dropout_scale(dropout, b: int, tile: Tile, a: int, c: int, heads: int, key_length: int, dtype, device):
@@ -104,15 +110,15 @@ def _forward_dropout(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: i
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, values, tiles, scale, dropout):
-        # query (B, H, Lq, d) in order; values (Hb, Lq + Lk - 1), causal mask already folded in
-        batch, heads, query_length, _ = query.shape
-        acc = accumulate_dtype(query.dtype)
+    def forward(ctx, q_rev, key, value, values, tiles, scale, dropout):
+        # q_rev (B, H, Lq, d): the queries reversed; values (Hb, Lq + Lk - 1), causal mask already folded in
+        batch, heads, query_length, _ = q_rev.shape
+        acc = accumulate_dtype(q_rev.dtype)
         bias = values.detach().to(acc)
-        out = query.new_zeros(batch, heads, query_length, value.shape[-1])  # rows in no tile stay 0
-        lse = torch.full((batch, heads, query_length), float("inf"), dtype=acc, device=query.device)
+        out = q_rev.new_zeros(batch, heads, query_length, value.shape[-1])  # reversed rows; rows in no tile stay 0
+        lse = torch.full((batch, heads, query_length), float("inf"), dtype=acc, device=q_rev.device)
         for tile in tiles:
-            qt, kt, vt = _tile_inputs(query, key, value, tile)
+            qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
             mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
             if dropout is None:
                 o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -120,9 +126,10 @@ class _TiledAttention(torch.autograd.Function):
                 )
             else:
                 o, m = _forward_dropout(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
-            out[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = o.flip(-2)
-            lse[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = m.flip(-1)
-        ctx.save_for_backward(query, key, value, values, out, lse)
+            a0, a1 = _reversed_rows(tile, query_length)
+            out[tile.b0 : tile.b1, :, a0:a1] = o
+            lse[tile.b0 : tile.b1, :, a0:a1] = m
+        ctx.save_for_backward(q_rev, key, value, values, out, lse)
         ctx.tiles, ctx.scale, ctx.dropout = tiles, scale, dropout
         return out
 
@@ -138,15 +145,16 @@ class _TiledAttention(torch.autograd.Function):
         shared, scale = values.shape[0] == 1, ctx.scale
         for tile in ctx.tiles:
             b0, b1, r0, r1, k0, k1 = tile
+            a0, a1 = _reversed_rows(tile, query_length)
             mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
             base = k0 - r1 + query_length  # values index of the view's (0, 0)
             # Batch outermost: a block is (H, rows, K) whatever B is, so rows (the matmuls' M) stay large.
             for b in range(b0, b1):
                 kb, vb = k[b, :, k0:k1].to(acc), v[b, :, k0:k1].to(acc)  # (H, K, d)
-                qt = q[b, :, r0:r1].flip(-2).to(acc)  # (H, R, d) reversed rows
-                gt = grad_out[b, :, r0:r1].flip(-2).to(acc)
-                delta = (gt * out[b, :, r0:r1].flip(-2).to(acc)).sum(-1, keepdim=True)  # (H, R, 1)
-                lt = lse[b, :, r0:r1].flip(-1)[..., None]  # (H, R, 1)
+                qt = q[b, :, a0:a1].to(acc)  # (H, R, d), rows reversed like everything saved
+                gt = grad_out[b, :, a0:a1].to(acc)
+                delta = (gt * out[b, :, a0:a1].to(acc)).sum(-1, keepdim=True)  # (H, R, 1)
+                lt = lse[b, :, a0:a1, None]  # (H, R, 1)
                 dqt = torch.empty_like(qt)
                 dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
                 for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
@@ -166,7 +174,7 @@ class _TiledAttention(torch.autograd.Function):
                     if dvalues is not None:
                         per_head = ds.sum(0, keepdim=True) if shared else ds  # a shared bias sums heads
                         dvalues[:, base + a : base + c + k1 - k0 - 1] += antidiagonal_sums(per_head)
-                dq[b, :, r0:r1] = dqt.flip(-2)
+                dq[b, :, a0:a1] = dqt
                 dk[b, :, k0:k1] += dkb
                 dv[b, :, k0:k1] += dvb
         grads = (
@@ -189,9 +197,10 @@ def fused_attention(
 ) -> torch.Tensor:
     """(B, H, Lq, dv) attention over ``tiles`` with the per-offset bias ``values`` (Hb, Lq + Lk - 1).
 
-    ``dropout``: ``(seed, p)`` from :mod:`relpos._dropout`, or None.
+    ``dropout``: ``(seed, p)`` from :mod:`relpos._dropout`, or None. The queries are reversed once
+    here (and the output back): every tile then reads a slice of them.
     """
-    return _TiledAttention.apply(query, key, value, values, tiles, scale, dropout)
+    return _TiledAttention.apply(query.flip(-2), key, value, values, tiles, scale, dropout).flip(-2)
 
 
 def tiled_sdpa(
@@ -205,13 +214,15 @@ def tiled_sdpa(
 ) -> torch.Tensor:
     """The same tiles through ``F.scaled_dot_product_attention`` (any device; autograd by torch)."""
     batch, heads, query_length, _ = query.shape
+    q_rev = query.flip(-2)  # one copy; each tile reads a slice
     covers_all = len(tiles) == 1 and tiles[0][:4] == (0, batch, 0, query_length)
     out = None if covers_all else query.new_zeros(batch, heads, query_length, value.shape[-1])  # unseen rows: 0
     for tile in tiles:
-        qt, kt, vt = _tile_inputs(query, key, value, tile)
+        qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
         mask = tile_bias(values, tile, query_length)  # (1, Hb, R, K) view
-        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale).flip(-2)
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         if out is None:
-            return o  # one tile covers everything: no copy
-        out[tile.b0 : tile.b1, :, tile.r0 : tile.r1] = o
-    return out
+            return o.flip(-2)  # one tile covers everything
+        a0, a1 = _reversed_rows(tile, query_length)
+        out[tile.b0 : tile.b1, :, a0:a1] = o
+    return out.flip(-2)
