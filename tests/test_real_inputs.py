@@ -400,3 +400,18 @@ def test_stack_padding_matches_unpadded_sequences():
         batched = stack(x, key_mask=keep)
         alone = stack(x[1:, :7])
     assert torch.allclose(batched[1, :7], alone[0], atol=1e-5)
+
+
+def test_tensor_inputs_are_checked_at_the_boundary():
+    q = torch.randn(2, 4, 5, 8)
+    with pytest.raises(ValueError, match="head dimension must be positive"):
+        attention(q[..., :0], q[..., :0], q[..., :0])
+    with pytest.raises(TypeError, match=r"one floating dtype.*torch.float32, torch.float64"):
+        attention(q, q.double(), q)
+    with pytest.raises(TypeError, match="one floating dtype"):
+        attention(q.long(), q.long(), q.long())
+    with pytest.raises(TypeError, match="values must be a floating tensor"):
+        relpos.OffsetBias([[0.0] * 6], 3, 4)
+    with pytest.raises(TypeError, match="positional"):
+        RelativePositionalBias(4)(4, 4, 2)  # an offset given positionally is not taken as a device
+    assert attention(q, q[:, :, :0], q[:, :, :0]).abs().max() == 0  # no key at all: zeros, like a fully masked row

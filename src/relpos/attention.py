@@ -144,6 +144,18 @@ def _check_qkv(query, key, value) -> None:
         raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention")
     if key.shape[3] != dim:
         raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
+    if dim == 0 or value.shape[3] == 0:
+        raise ValueError(f"the head dimension must be positive, got query d={dim} and value dv={value.shape[3]}")
+    if not query.dtype.is_floating_point or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(
+            "query, key and value must share one floating dtype (float16, bfloat16, float32 or float64), got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}; cast them with .to(dtype)"
+        )
+    if key.device != query.device or value.device != query.device:
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}; "
+            "move them with .to(device)"
+        )
 
 
 def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, *, backend="auto") -> _Call:

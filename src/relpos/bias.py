@@ -68,6 +68,9 @@ class OffsetBias:
     q_offset: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.values, torch.Tensor) or not self.values.dtype.is_floating_point:
+            got = self.values.dtype if isinstance(self.values, torch.Tensor) else type(self.values).__name__
+            raise TypeError(f"values must be a floating tensor (num_heads, query_length + key_length - 1), got {got}")
         check_int("query_length", self.query_length, minimum=1)
         check_int("key_length", self.key_length, minimum=1)
         check_int("q_offset", self.q_offset, minimum=0)

@@ -92,11 +92,15 @@ class RelativePositionalBias(RelativeBias):
         self,
         query_length: int,
         key_length: int,
-        device: torch.device | str | None = None,
         *,
         q_offset: int = 0,
+        device: torch.device | str | None = None,
     ) -> torch.Tensor:
-        """Dense bias ``(1, H, Lq, Lk)``, equal to transformers' ``compute_bias(Lq, Lk, past_seen_tokens=q_offset)``."""
+        """Dense bias ``(1, H, Lq, Lk)``, equal to transformers' ``compute_bias(Lq, Lk, past_seen_tokens=q_offset)``.
+
+        ``q_offset`` and ``device`` are keyword-only: a third positional number is refused, not
+        taken as a device.
+        """
         return self.materialize(query_length, key_length, q_offset=q_offset, device=device)
 
     @classmethod
