@@ -16,6 +16,9 @@ __all__ = ["LearnedAbsolutePositionEmbedding", "SinusoidalPositionEmbedding"]
 
 
 def _check_input(x: torch.Tensor, dim: int) -> None:
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating tensor (..., L, dim), got {got}: integer inputs would truncate the sum")
     if x.dim() < 2 or x.shape[-1] != dim:
         raise ValueError(f"x must be (..., L, dim={dim}), got {tuple(x.shape)}")
 
@@ -33,6 +36,7 @@ class LearnedAbsolutePositionEmbedding(nn.Module):
         super().__init__()
         self.max_length = check_int("max_length", max_length, minimum=1)
         self.dim = check_int("dim", dim, minimum=1)
+        init_std = check_positive_float("init_std", init_std)
         self.weight = nn.Parameter(torch.randn(self.max_length, self.dim, device=device, dtype=dtype) * init_std)
 
     def extra_repr(self) -> str:

@@ -171,7 +171,8 @@ def relative_position_bucket(
             f"relative_position must have an integer dtype, got {relative_position.dtype}; "
             "positions are whole numbers (cast with .long())"
         )
-    relative_position = relative_position.long()
+    # |-2**63| overflows int64; every distance past 2**62 shares the last bucket, so clamp first
+    relative_position = relative_position.long().clamp(-(2**62), 2**62)
     half = num_buckets
     if bidirectional:
         half = num_buckets // 2

@@ -88,7 +88,7 @@ class MultiheadAttention(nn.Module):
         super().__init__()
         self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads or num_heads, minimum=1)
+        self.num_kv_heads = check_int("num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if head_dim is None:

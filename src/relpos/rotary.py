@@ -234,6 +234,9 @@ class RotaryEmbedding(nn.Module):
 
     def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Rotate ``x (..., L, d)`` as positions ``start .. start + L - 1`` (new keys of a KV cache)."""
+        start = check_int("start", start, minimum=0)
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"x must be a floating tensor, got {x.dtype}: rotating integers would truncate the result")
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
         cos, sin = self.cos_sin(positions)  # (L, d) each
         xf = x.float()

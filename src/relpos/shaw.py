@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_int, check_positive_float
 from ._fused import accumulate_dtype
 from ._masks import check_attn_mask
 from .attention import _dense_mask, masked_softmax
@@ -53,6 +53,7 @@ class ShawRelativePosition(nn.Module):
         self.head_dim = check_int("head_dim", head_dim, minimum=1)
         self.max_distance = check_int("max_distance", max_distance, minimum=0)
         check_bool("values", values)
+        init_std = check_positive_float("init_std", init_std)
         rows = 2 * self.max_distance + 1
         self.rel_keys = nn.Parameter(torch.randn(rows, self.head_dim, device=device, dtype=dtype) * init_std)
         self.rel_values = (

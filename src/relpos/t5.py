@@ -14,9 +14,9 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from ._checks import check_int, check_positive_float
 from .bias import RelativeBias
 from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
-from ._checks import check_int
 
 __all__ = ["RelativePositionalBias"]
 
@@ -61,7 +61,7 @@ class RelativePositionalBias(RelativeBias):
         self.num_buckets, self.max_distance, self.bidirectional, self.strategy = check_bucket_config(
             num_buckets, max_distance, bidirectional, strategy
         )
-        self.init_std = init_std
+        self.init_std = check_positive_float("init_std", init_std)
         self.relative_attention_bias = nn.Embedding(self.num_buckets, self.num_heads, device=device, dtype=dtype)
         self.reset_parameters()
 

@@ -152,6 +152,8 @@ class T5Block(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        check_int("ff_dim", ff_dim, minimum=1)
+        check_bool("cross_attention", cross_attention)
         factory = {"device": device, "dtype": dtype}
         attn = {"dropout": dropout, "backend": backend, **factory}
         self.self_norm = nn.RMSNorm(dim, eps=1e-6, **factory)
@@ -175,6 +177,8 @@ class T5Block(nn.Module):
         memory_key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, BiasLike]:
         """``key_mask`` (B, L): True for this stack's real tokens; ``memory_key_mask`` the same for ``memory``."""
+        if memory is not None and self.cross_attn is None:
+            raise ValueError("memory was given but this block has no cross-attention; build it with cross_attention=True")
         h, position_bias = self.self_attn(self.self_norm(x), position_bias=position_bias, cache=cache, key_mask=key_mask)
         x = x + h  # (B, L, dim)
         if self.cross_attn is not None and memory is not None:  # cross_cache: memory's k/v projected once

@@ -14,7 +14,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_int
+from ._checks import check_choice, check_int, check_positive_float
 from .bias import AdditiveBias
 from .windows import normalize_window_size, table_size, window_coords, window_relative_position_index
 
@@ -76,7 +76,7 @@ class RelativePositionBias(_WindowBias):
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.bias_type = check_choice("bias_type", bias_type, ("2d", "1d"))
         self.window_size = normalize_window_size(window_size, ndim=2 if bias_type == "2d" else 1)
-        self.init_std = init_std
+        self.init_std = check_positive_float("init_std", init_std)
         self.relative_position_bias_table = nn.Parameter(
             torch.empty(table_size(self.window_size), self.num_heads, device=device, dtype=dtype)
         )
@@ -123,7 +123,7 @@ class FactorizedRelativePositionBias(_WindowBias):
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.window_size = normalize_window_size(window_size, ndim=2)
-        self.init_std = init_std
+        self.init_std = check_positive_float("init_std", init_std)
         wh, ww = self.window_size
         self.height_bias_table = nn.Parameter(torch.empty(2 * wh - 1, self.num_heads, device=device, dtype=dtype))
         self.width_bias_table = nn.Parameter(torch.empty(2 * ww - 1, self.num_heads, device=device, dtype=dtype))

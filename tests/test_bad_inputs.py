@@ -1,0 +1,78 @@
+"""Bad values at the public boundary: each raises TypeError/ValueError naming the argument, none is silently accepted.
+
+A table of cases (constructor or call, expected exception, a phrase the message must contain). This
+covers the silent acceptances and unclear errors found by probing relpos as an adversary would.
+"""
+
+import pytest
+import torch
+
+import relpos
+from relpos import (
+    LearnedAbsolutePositionEmbedding,
+    MultiheadAttention,
+    RelativePositionalBias,
+    RotaryEmbedding,
+    ShawRelativePosition,
+    SinusoidalPositionEmbedding,
+    T5Attention,
+    T5Block,
+    T5Stack,
+    attention,
+    t5_bucket,
+)
+
+Q = torch.randn(2, 4, 5, 8)
+
+CASES = [
+    # strings are not booleans
+    ("attention causal='no'", lambda: attention(Q, Q, Q, causal="no"), TypeError, "causal must be a bool"),
+    ("MHA causal='yes'", lambda: MultiheadAttention(16, 4, causal="yes"), TypeError, "causal must be a bool"),
+    ("T5Block causal='yes'", lambda: T5Block(16, 4, 32, relative_bias=None, causal="yes"), TypeError, "causal must be a bool"),
+    ("T5Attention has_relative_bias='no'", lambda: T5Attention(16, 4, has_relative_bias="no"), TypeError, "has_relative_bias must be a bool"),
+    ("Shaw attention causal='no'", lambda: ShawRelativePosition(8, 2).attention(Q, Q, Q, causal="no"), TypeError, "causal must be a bool"),
+    ("T5Stack bidirectional='no'", lambda: T5Stack(1, 16, 4, 32, bidirectional="no"), TypeError, "bidirectional must be a bool"),
+    # non-finite numbers
+    ("attention scale=nan", lambda: attention(Q, Q, Q, scale=float("nan")), ValueError, "scale must be finite"),
+    ("MHA scale=inf", lambda: MultiheadAttention(16, 4, scale=float("inf")), ValueError, "scale must be finite"),
+    ("T5 bias init_std=nan", lambda: RelativePositionalBias(4, init_std=float("nan")), ValueError, "init_std must be a finite number > 0"),
+    ("Shaw init_std=inf", lambda: ShawRelativePosition(8, 2, init_std=float("inf")), ValueError, "init_std must be a finite number > 0"),
+    ("learned absolute init_std=nan", lambda: LearnedAbsolutePositionEmbedding(8, 4, init_std=float("nan")), ValueError, "init_std"),
+    ("window bias init_std=-1", lambda: relpos.RelativePositionBias(2, (3, 3), init_std=-1.0), ValueError, "init_std"),
+    ("dropout_p=1", lambda: attention(Q, Q, Q, dropout_p=1.0), ValueError, "dropout_p must be in [0, 1)"),
+    # sizes
+    ("MHA num_kv_heads=0", lambda: MultiheadAttention(16, 4, num_kv_heads=0), ValueError, "num_kv_heads must be positive"),
+    ("T5Block ff_dim=0", lambda: T5Block(16, 4, 0, relative_bias=None, causal=False), ValueError, "ff_dim must be positive"),
+    ("zero head dim", lambda: attention(Q[..., :0], Q[..., :0], Q[..., :0]), ValueError, "head dimension must be positive"),
+    # dtypes and types
+    ("integer q/k/v", lambda: attention(Q.long(), Q.long(), Q.long()), TypeError, "one floating dtype"),
+    ("mixed dtypes", lambda: attention(Q, Q.double(), Q), TypeError, "one floating dtype"),
+    ("integer mask", lambda: attention(Q, Q, Q, attn_mask=torch.ones(2, 1, 1, 5, dtype=torch.long)), TypeError, "refuses integer masks"),
+    ("OffsetBias from a list", lambda: relpos.OffsetBias([[0.0] * 6], 3, 4), TypeError, "values must be a floating tensor"),
+    ("learned absolute on integers", lambda: LearnedAbsolutePositionEmbedding(8, 4)(torch.ones(3, 4, dtype=torch.long)), TypeError, "floating tensor"),
+    ("sinusoidal on integers", lambda: SinusoidalPositionEmbedding(4)(torch.ones(3, 4, dtype=torch.long)), TypeError, "floating tensor"),
+    ("RoPE on integers", lambda: RotaryEmbedding(8)(Q.long(), Q.long()), TypeError, "floating tensor"),
+    ("RoPE rotate start=1.5", lambda: RotaryEmbedding(8).rotate(Q, 1.5), TypeError, "start must be an int"),
+    ("bias offset given positionally", lambda: RelativePositionalBias(4)(4, 4, 2), TypeError, "positional"),
+    # meaningless combinations
+    ("T5Block memory without cross-attention",
+     lambda: T5Block(16, 4, 32, relative_bias=RelativePositionalBias(4), causal=False)(torch.randn(1, 3, 16), memory=torch.randn(1, 2, 16)),
+     ValueError, "no cross-attention"),
+    ("T5Stack memory without cross-attention",
+     lambda: T5Stack(1, 16, 4, 32)(torch.randn(1, 3, 16), memory=torch.randn(1, 2, 16)), ValueError, "no cross-attention"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, phrase", CASES, ids=[c[0] for c in CASES])
+def test_refused_with_a_named_reason(name, call, error, phrase):
+    with pytest.raises(error) as info:
+        call()
+    assert phrase in str(info.value), str(info.value)
+
+
+def test_t5_bucket_int64_extremes_stay_in_range():
+    extremes = torch.tensor([-(2**63), -(2**62) - 5, 2**63 - 1, 0, -1, 1])
+    for bidirectional in (True, False):
+        buckets = t5_bucket(extremes, bidirectional=bidirectional)
+        assert ((buckets >= 0) & (buckets < 32)).all()
+    assert t5_bucket(torch.tensor([-(2**63)])).item() == t5_bucket(torch.tensor([-1000])).item() == 15
