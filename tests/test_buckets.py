@@ -231,3 +231,48 @@ def test_bad_relative_position():
         relative_positions(0, 3)
     with pytest.raises(ValueError, match="q_offset must be non-negative, got -1"):
         relative_offsets(2, 3, q_offset=-1)
+
+
+def _brute_force_ranges(num_buckets, max_distance, bidirectional, strategy):
+    """The definition: scan every distance up to max_distance + 1 (which stands for all beyond)."""
+    from relpos.buckets import BucketRange
+
+    reach = max_distance + 1
+    rel = torch.arange(-reach, reach + 1)
+    buckets = relpos.relative_position_bucket(
+        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy
+    )
+    half = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = 0 if strategy == "uniform" else half // 2
+    out = []
+    for b in torch.unique(buckets).tolist():
+        members = rel[buckets == b]
+        low, high = int(members.min()), int(members.max())
+        out.append(BucketRange(b, None if low == -reach else low, None if high == reach else high,
+                               low == high and abs(low) < max_exact))
+    return out
+
+
+@pytest.mark.parametrize("strategy", relpos.STRATEGIES)
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bucket_ranges_by_binary_search_equal_the_scan(strategy, bidirectional):
+    checked = 0
+    for num_buckets in range(2, 36):
+        for max_distance in (1, 2, 3, 5, 8, 13, 33, 100, 128, 300):
+            try:
+                relpos.check_bucket_config(num_buckets, max_distance, bidirectional, strategy)
+            except ValueError:
+                continue
+            got = relpos.bucket_ranges(num_buckets, max_distance, bidirectional=bidirectional, strategy=strategy)
+            assert got == _brute_force_ranges(num_buckets, max_distance, bidirectional, strategy)
+            checked += 1
+    assert checked > 50
+
+
+def test_bucket_tables_are_bounded_by_the_number_of_buckets():
+    """O(num_buckets log max_distance): huge distances cost nothing (the scan took minutes and GBs)."""
+    table = relpos.bucket_table(4, 10**8)
+    assert [b["bucket"] for b in table["buckets"]] == [0, 1, 3] and table["unused_buckets"] == [2]  # no future d = 0
+    assert table["buckets"][-1]["high"] is None and table["buckets"][1]["low"] is None
+    ranges = relpos.bucket_ranges(2000, 10**9)
+    assert len(ranges) == 2000 and ranges[0].low == 0 and ranges[-1].high is None

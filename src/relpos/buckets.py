@@ -222,38 +222,70 @@ class BucketRange:
         return f"{low} .. {high}"
 
 
+def _first_reaching(f, values: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """For each ``v`` of ``values``: the smallest ``d`` in ``lo .. hi`` with ``f(d) >= v`` (``hi + 1`` if none).
+
+    ``f`` is non-decreasing; a binary search for every value at once: O(len(values) * log(hi - lo)).
+    """
+    left = torch.full_like(values, lo)
+    right = torch.full_like(values, hi + 1)
+    while bool((left < right).any()):
+        active = left < right
+        mid = (left + right) // 2
+        ok = f(mid) >= values
+        right = torch.where(active & ok, mid, right)
+        left = torch.where(active & ~ok, mid + 1, left)
+    return left
+
+
+def _side_segments(f, values: range, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(bucket, first distance, last distance) of each bucket that ``f`` reaches on ``lo .. hi``."""
+    candidates = torch.tensor(list(values), dtype=torch.long)
+    firsts = _first_reaching(f, candidates, lo, hi)  # (V,) non-decreasing
+    reached = firsts <= hi
+    present = reached & (f(firsts.clamp(max=hi)) == candidates)
+    starts = [(int(v), int(d)) for v, d in zip(candidates[present].tolist(), firsts[present].tolist())]
+    return [(v, d, (starts[i + 1][1] - 1) if i + 1 < len(starts) else hi) for i, (v, d) in enumerate(starts)]
+
+
 def bucket_ranges(
     num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True, strategy: BucketStrategy = "log"
 ) -> list[BucketRange]:
     """Which relative positions fall in each bucket, computed from :func:`relative_position_bucket`.
 
     Buckets that no distance reaches (possible when ``max_distance`` is small for the
-    number of buckets) are left out.
+    number of buckets) are left out. Work is O(num_buckets * log(max_distance)): each bucket's
+    first distance is found by binary search (the bucket is non-decreasing in the distance).
     """
     num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
         num_buckets, max_distance, bidirectional, strategy
     )
-    reach = max_distance + 1
-    rel = torch.arange(-reach, reach + 1)  # saturated beyond +-max_distance
-    buckets = relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy
-    )
+    reach = max_distance + 1  # stands for every distance beyond max_distance (saturated)
     half = num_buckets // 2 if bidirectional else num_buckets
     max_exact = 0 if strategy == "uniform" else half // 2
-    ranges = []
-    for b in torch.unique(buckets).tolist():
-        members = rel[buckets == b]
-        low, high = int(members.min()), int(members.max())
-        # the ends of the scanned window stand for everything beyond it
-        ranges.append(
-            BucketRange(
-                bucket=b,
-                low=None if low == -reach else low,
-                high=None if high == reach else high,
-                exact=low == high and abs(low) < max_exact,
-            )
+
+    def bucket_of(rel: torch.Tensor) -> torch.Tensor:
+        return relative_position_bucket(
+            rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy
         )
-    return ranges
+
+    ranges = []
+    for v, d0, d1 in _side_segments(lambda d: bucket_of(-d), range(half), 0, reach):  # past keys: rel = -d
+        low, high = -d1, -d0
+        if v == 0 and not bidirectional:
+            high = reach  # a causal bucket 0 also holds every future key
+        ranges.append((v, low, high))
+    if bidirectional:
+        ranges += [(v, d0, d1) for v, d0, d1 in _side_segments(bucket_of, range(half, num_buckets), 1, reach)]
+    return [
+        BucketRange(
+            bucket=v,
+            low=None if low == -reach else low,
+            high=None if high == reach else high,
+            exact=low == high and abs(low) < max_exact,
+        )
+        for v, low, high in sorted(ranges)
+    ]
 
 
 def bucket_table(
