@@ -127,3 +127,73 @@ def test_page_in_a_real_browser(base_url):
             return seen.size; }""")
         assert drawn > 5
         browser.close()
+
+
+def raw_get(base_url, path, host=None):
+    """A GET with a chosen Host header (urllib always sends the real one)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    url = urlparse(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.putrequest("GET", path, skip_host=host is not None)
+    if host is not None:
+        conn.putheader("Host", host)
+    conn.endheaders()
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, body
+
+
+def test_only_requests_addressed_to_the_server_are_answered(base_url):
+    port = base_url.rsplit(":", 1)[1]
+    assert raw_get(base_url, "/api/buckets", host=f"localhost:{port}")[0] == 200
+    assert raw_get(base_url, "/api/buckets", host=f"127.0.0.1:{port}")[0] == 200
+    for host in ("evil.example:80", f"evil.example:{port}", "127.0.0.1", ""):
+        status, body = raw_get(base_url, "/api/buckets", host=host)
+        assert status == 403 and b"host name" in body, host
+
+
+@pytest.mark.parametrize(
+    "query, status",
+    [
+        ("/api/buckets?num_buckets=100000&max_distance=100001", 413),
+        ("/api/bias?kind=t5&num_buckets=1000000000&max_distance=2000000000", 413),
+        ("/api/buckets?num_buckets=4&max_distance=100000000", 200),  # O(num_buckets log max_distance): fast
+        ("/api/buckets?max_distance=" + "9" * 40, 413),
+        ("/api/buckets?max_distance=" + "9" * 100, 413),
+        ("/" + "a" * 300, 404),
+        ("/api/attention?scale=1e400", 400),
+    ],
+)
+def test_hostile_requests_are_refused_before_any_work(base_url, query, status):
+    got, body = raw_get(base_url, query, host=base_url.split("//", 1)[1])
+    assert got == status, body[:200]
+    assert json.loads(body)  # always a JSON answer, never a dropped connection
+    assert get(base_url + "/api/buckets")[0] == 200
+
+
+def test_remote_binding_needs_an_explicit_flag(capsys):
+    from relpos.explore import make_server
+
+    with pytest.raises(ValueError, match="not a loopback address.*allow_remote=True"):
+        make_server("0.0.0.0", 0)
+    server = make_server("0.0.0.0", 0, allow_remote=True)
+    server.server_close()
+    from relpos.cli import main
+
+    assert main(["explore", "--host", "0.0.0.0"]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_many_concurrent_clients_are_all_answered(base_url):
+    """40 clients at once on loopback (bounded: 40 requests, then it stops)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relpos.explore import make_server
+
+    assert make_server.__globals__["_Server"].request_queue_size >= 64
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        statuses = list(pool.map(lambda i: get(base_url + f"/api/buckets?num_buckets={2 * (i % 16) + 4}")[0], range(40)))
+    assert statuses == [200] * 40

@@ -73,7 +73,11 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_explore(args: argparse.Namespace) -> int:
     from .explore import serve
 
-    serve(args.host, args.port)
+    try:
+        serve(args.host, args.port, allow_remote=args.allow_remote)
+    except ValueError as exc:
+        print(f"relpos explore: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -100,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0, help="initialisation of learned tables")
     pl.set_defaults(func=_cmd_plot)
     ex = sub.add_parser("explore", help="serve the interactive page on 127.0.0.1 (a free port, printed)")
-    ex.add_argument("--host", default="127.0.0.1")
+    ex.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    ex.add_argument("--allow-remote", action="store_true",
+                    help="allow a non-loopback --host (no authentication: anyone who reaches the port can use the page)")
     ex.add_argument("--port", type=int, default=0, help="0: a free port")
     ex.set_defaults(func=_cmd_explore)
     e = sub.add_parser("extrapolate", help="train short, test long: every position encoding side by side")

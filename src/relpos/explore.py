@@ -7,13 +7,22 @@
 * ``/api/attention``: :func:`relpos.plots.seed004_weights` (standard vs biased attention).
 
 Every parameter is validated on the server: a bad value gets HTTP 400 with a readable message
-(shown on the page), never a traceback, and the server stays up.
+(shown on the page), a size past the page's limits HTTP 413, never a traceback, and the server
+stays up. Every request's work is bounded (bucket tables cost O(num_buckets log max_distance) and
+``num_buckets`` is capped), so an answer comes within a second or two.
+
+Exposure: the server binds the loopback address unless told otherwise (``allow_remote=True``,
+``relpos explore --host ADDR --allow-remote``, with a warning), and answers only requests whose
+``Host`` header names the address it serves (403 otherwise), so a web page on another origin cannot
+read it through DNS rebinding.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import pathlib
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,14 +31,20 @@ from urllib.parse import parse_qs, urlparse
 from .buckets import STRATEGIES, bucket_table
 from .plots import BIAS_KINDS, SEED004_TOKENS, bias_matrix, seed004_weights
 
-__all__ = ["make_server", "serve", "MAX_LENGTH"]
+__all__ = ["make_server", "serve", "MAX_BUCKETS", "MAX_LENGTH"]
 
 STATIC = pathlib.Path(__file__).parent / "explore_static"
 MAX_LENGTH = 128  # the heatmap's side: larger matrices are slow to draw and say nothing new
+MAX_BUCKETS = 4096  # bucket tables and T5 bias tables the page asks for (T5 uses 32)
+MAX_INT = 10**12  # any integer parameter; a larger one is not a position the page can mean
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
 
 class BadRequest(ValueError):
+    pass
+
+
+class TooLarge(ValueError):
     pass
 
 
@@ -43,10 +58,22 @@ def _param(query: dict, name: str, kind, default):
         if raw.lower() in ("0", "false", "no", "off"):
             return False
         raise BadRequest(f"{name} must be true or false, got {raw!r}")
+    if len(raw) > 64:
+        raise TooLarge(f"{name} is {len(raw)} characters long; values are at most 64")
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+    if kind is int and abs(value) > MAX_INT:
+        raise TooLarge(f"{name}={value} is past the page's limit of {MAX_INT}")
+    return value
+
+
+def _buckets(query: dict) -> int:
+    num_buckets = _param(query, "num_buckets", int, 32)
+    if num_buckets > MAX_BUCKETS:
+        raise TooLarge(f"num_buckets={num_buckets} is past the page's limit of {MAX_BUCKETS}")
+    return num_buckets
 
 
 def _api_buckets(query: dict) -> dict:
@@ -54,7 +81,7 @@ def _api_buckets(query: dict) -> dict:
     if strategy not in STRATEGIES:
         raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     return bucket_table(
-        _param(query, "num_buckets", int, 32),
+        _buckets(query),
         _param(query, "max_distance", int, 128),
         bidirectional=not _param(query, "causal", bool, False),
         strategy=strategy,
@@ -70,7 +97,7 @@ def _api_bias(query: dict) -> dict:
         raise BadRequest(f"length must be between 1 and {MAX_LENGTH}, got {length}")
     options = {}
     if kind == "t5":
-        options = {"num_buckets": _param(query, "num_buckets", int, 32), "max_distance": _param(query, "max_distance", int, 128)}
+        options = {"num_buckets": _buckets(query), "max_distance": _param(query, "max_distance", int, 128)}
     elif kind == "log_decay":
         options = {"scale": _param(query, "scale", float, 0.3)}
     causal = _param(query, "causal", bool, False)
@@ -105,32 +132,77 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(payload).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError):  # the client left: nothing to answer
+            pass
+        except Exception as exc:  # never a traceback on the server's terminal, never a dead server
+            try:
+                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(exc).__name__}"})
+            except OSError:
+                pass
+
+    def _get(self) -> None:
+        if self.headers.get("Host", "").lower() not in self.server.allowed_hosts:
+            self._json(HTTPStatus.FORBIDDEN, {"error": "this server answers only requests addressed to it by its own host name"})
+            return
         url = urlparse(self.path)
         if url.path in ROUTES:
             try:
                 self._json(HTTPStatus.OK, ROUTES[url.path](parse_qs(url.query)))
-            except (ValueError, TypeError) as exc:  # relpos's own validation messages, or ours
+            except TooLarge as exc:
+                self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": str(exc)})
+            except (ValueError, TypeError, OverflowError) as exc:  # relpos's own validation messages, or ours
                 self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            except Exception as exc:  # never a traceback on the page, never a dead server
-                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(exc).__name__}"})
             return
         name = "index.html" if url.path in ("/", "/index.html") else url.path.lstrip("/")
-        path = STATIC / name
-        if "/" in name or not path.is_file():
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {url.path}"})
+        if "/" in name or len(name) > 64 or not (STATIC / name).is_file():
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {url.path[:80]}"})
             return
+        path = STATIC / name
         self._send(HTTPStatus.OK, path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream"))
 
 
-def make_server(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """A server bound to ``host:port`` (port 0: a free one); call ``serve_forever()`` on it."""
-    server = ThreadingHTTPServer((host, port), _Handler)
-    server.daemon_threads = True
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 stalls 20 concurrent clients for a second
+    daemon_threads = True
+    allowed_hosts: frozenset = frozenset()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(host: str = "127.0.0.1", port: int = 0, *, allow_remote: bool = False) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0: a free one); call ``serve_forever()`` on it.
+
+    ``host`` must be a loopback address unless ``allow_remote=True``: the page has no
+    authentication, and anything that can reach the port can use it.
+    """
+    if not isinstance(allow_remote, bool):
+        raise TypeError(f"allow_remote must be a bool, got {allow_remote!r}")
+    if not _is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"host={host!r} is not a loopback address: the explorer would be reachable from other machines; "
+            "pass allow_remote=True (relpos explore --allow-remote) if that is what you want"
+        )
+    server = _Server((host, port), _Handler)
+    bound = server.server_address[1]
+    names = {host, "localhost", "127.0.0.1", "[::1]"} if _is_loopback(host) else {host}
+    server.allowed_hosts = frozenset(f"{name}:{bound}".lower() for name in names)
     return server
 
 
-def serve(host: str = "127.0.0.1", port: int = 0, *, block: bool = True) -> ThreadingHTTPServer:
-    server = make_server(host, port)
+def serve(host: str = "127.0.0.1", port: int = 0, *, block: bool = True, allow_remote: bool = False) -> ThreadingHTTPServer:
+    server = make_server(host, port, allow_remote=allow_remote)
+    if not _is_loopback(host):
+        print(f"relpos explore: WARNING: serving on {host}, reachable from other machines, without authentication",
+              file=sys.stderr, flush=True)
     print(f"relpos explore: http://{host}:{server.server_address[1]}/  (Ctrl-C to stop)", flush=True)
     if block:
         try:
