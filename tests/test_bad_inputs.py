@@ -76,3 +76,31 @@ def test_t5_bucket_int64_extremes_stay_in_range():
         buckets = t5_bucket(extremes, bidirectional=bidirectional)
         assert ((buckets >= 0) & (buckets < 32)).all()
     assert t5_bucket(torch.tensor([-(2**63)])).item() == t5_bucket(torch.tensor([-1000])).item() == 15
+
+
+def test_alibi_heads_are_bounded():
+    with pytest.raises(ValueError, match="num_heads must be at most 65536"):
+        relpos.alibi_slopes(10**9)
+    assert len(relpos.alibi_slopes(1000)) == 1000
+
+
+def test_from_t5_state_dict_validates_the_table():
+    key = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    for bad in (torch.zeros(32), torch.zeros(32, 8, dtype=torch.long), None):
+        with pytest.raises(ValueError, match="must be a floating \\(num_buckets, num_heads\\) tensor"):
+            RelativePositionalBias.from_t5_state_dict({key: bad})
+
+
+def test_older_swin_state_dicts_with_the_index_load():
+    """timm and older Swin checkpoints carry relative_position_index: it is checked against ours, then dropped."""
+    bias = relpos.RelativePositionBias(2, (3, 3))
+    state = dict(bias.state_dict())
+    state["relative_position_index"] = relpos.window_relative_position_index((3, 3))  # (9, 9), as timm stores it
+    fresh = relpos.RelativePositionBias(2, (3, 3))
+    fresh.load_state_dict(state)  # strict
+    assert torch.equal(fresh.relative_position_bias_table, bias.relative_position_bias_table)
+    state["relative_position_index"] = state["relative_position_index"].flatten()  # transformers' flat layout
+    fresh.load_state_dict(state)
+    state["relative_position_index"] = relpos.window_relative_position_index((2, 2))
+    with pytest.raises(RuntimeError, match="another window"):
+        fresh.load_state_dict(state)

@@ -17,6 +17,9 @@ from .bias import RelativeBias
 __all__ = ["ALiBi", "alibi_slopes"]
 
 
+MAX_HEADS = 1 << 16  # far beyond any model; keeps a mistyped head count from computing billions of slopes
+
+
 def alibi_slopes(num_heads: int) -> list[float]:
     """The paper's slopes: for ``n`` a power of two, ``2**(-8k/n)``, k = 1..n; otherwise the
     slopes of the closest power of two below ``n`` followed by every other slope of twice that.
@@ -27,6 +30,8 @@ def alibi_slopes(num_heads: int) -> list[float]:
     [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
     """
     num_heads = check_int("num_heads", num_heads, minimum=1)
+    if num_heads > MAX_HEADS:
+        raise ValueError(f"num_heads must be at most {MAX_HEADS} (one slope per head), got {num_heads}")
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))

@@ -125,6 +125,14 @@ class RelativePositionalBias(RelativeBias):
             found = sorted(k for k in state_dict if k.endswith("relative_attention_bias.weight"))
             raise KeyError(f"{key!r} is not in the state dict; relative bias tables found: {found}")
         weight = state_dict[key]
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
+            got = (
+                f"{tuple(weight.shape)} {weight.dtype}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+            )
+            raise ValueError(
+                f"state_dict[{key!r}] must be a floating (num_buckets, num_heads) tensor, as T5's nn.Embedding "
+                f"weight is; got {got}"
+            )
         if bidirectional is None:
             bidirectional = not prefix.startswith("decoder.")
         module = cls(

@@ -87,6 +87,21 @@ class RelativePositionBias(_WindowBias):
     def _init_buffers(self, device: torch.device | str | None = None) -> None:
         self.relative_position_index = window_relative_position_index(self.window_size, device=device)  # (N, N)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        """Older Swin/timm checkpoints store ``relative_position_index``: check it, then drop it (it is derived)."""
+        key = prefix + "relative_position_index"
+        stored = state_dict.pop(key, None)
+        if stored is not None:
+            expected = self.relative_position_index
+            if tuple(stored.shape) not in (tuple(expected.shape), (expected.numel(),)) or not torch.equal(
+                stored.to(expected.device).long().view(expected.shape), expected
+            ):
+                error_msgs.append(
+                    f"{key}: the stored index (shape {tuple(stored.shape)}) differs from the one this window size "
+                    f"{self.window_size} gives (shape {tuple(expected.shape)}); the checkpoint is for another window"
+                )
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
     def reset_parameters(self) -> None:
         std = self.init_std
         nn.init.trunc_normal_(self.relative_position_bias_table, std=std, a=-2 * std, b=2 * std)
