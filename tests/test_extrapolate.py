@@ -197,3 +197,92 @@ def test_ablation_run_prints_seed000_table(tmp_path):
     rows = [line for line in table.splitlines() if line.startswith(("| 8 |", "| 16 |"))]
     assert len(rows) == 2 and rows[0].split("|")[2].strip() == str(8 * 2)  # 8 buckets x 2 heads
     assert set(report["results"]) == {"t5 8 buckets", "t5 16 buckets"}
+
+
+def test_resume_refuses_changed_options(tmp_path):
+    ex.run(smoke(tmp_path, encodings=("alibi",), steps=4, plot=False))
+    with pytest.raises(ValueError, match=r"--resume: .* other options \(steps: saved 4, requested 6\)"):
+        ex.run(smoke(tmp_path, encodings=("alibi",), steps=6, plot=False, resume=True))
+    (tmp_path / "results.json").unlink()  # only the checkpoint is left: it is checked too
+    with pytest.raises(ValueError, match=r"checkpoint .* other options \(dim: .*"):
+        ex.run(smoke(tmp_path, encodings=("alibi",), steps=4, dim=48, plot=False, resume=True))
+
+
+def test_options_are_validated_before_training(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ex.add_arguments(parser)
+    bad = {
+        ("--checkpoint-every", "0"): "--checkpoint-every must be positive",
+        ("--multipliers", "0"): "--multipliers must be positive",
+        ("--lr", "inf"): "--lr must be a finite number > 0",
+        ("--encodings", ""): "--encodings is empty",
+    }
+    for argv, message in bad.items():
+        with pytest.raises(ValueError, match=message):
+            ex.config_from_args(parser.parse_args(["--preset", "smoke", *argv]))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match="is not a writable folder"):
+        ex.run(smoke(blocker / "out", encodings=("alibi",)))
+    with pytest.raises(ValueError, match="shorter than one evaluation window"):
+        ex.run(smoke(tmp_path / "o", encodings=("alibi",), multipliers=(100000,)))
+
+
+def test_non_finite_results_are_valid_json(tmp_path):
+    from relpos._io import json_safe
+
+    assert json.loads(json.dumps(json_safe({"a": float("nan"), "b": [float("inf"), 1.5]}))) == {"a": "nan", "b": ["inf", 1.5]}
+    report = ex.run(smoke(tmp_path, encodings=("alibi",), steps=3, lr=1e30, plot=False))  # diverges
+    saved = json.loads((tmp_path / "results.json").read_text())  # strict JSON parses
+    assert saved["results"]["alibi"]["train_loss"] in ("nan", "inf") or isinstance(saved["results"]["alibi"]["train_loss"], float)
+    assert "| alibi |" in (tmp_path / "results.md").read_text() and report
+
+
+def test_ctrl_c_is_one_line_and_resumable(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "run", interrupted)
+    parser = argparse.ArgumentParser()
+    ex.add_arguments(parser)
+    assert ex.run_from_args(parser.parse_args(["--preset", "smoke", "--out", str(tmp_path)])) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+
+
+def test_killed_runs_resume_to_the_uninterrupted_numbers(tmp_path):
+    """SIGKILL a run at random moments (3 times), resume each time: the final numbers equal an uninterrupted run."""
+    import random
+    import signal
+    import time
+
+    common = ["--preset", "smoke", "--encodings", "alibi,t5", "--steps", "60", "--checkpoint-every", "1",
+              "--no-plot", "--no-progress"]
+    straight = tmp_path / "straight"
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "relpos.extrapolate", *common, "--out", str(straight)], check=True,
+                   capture_output=True, timeout=300)
+    duration = time.perf_counter() - began
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    for attempt in range(10):
+        proc = subprocess.Popen([sys.executable, "-m", "relpos.extrapolate", *common, "--out", str(out), "--resume"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if kills < 3:
+            time.sleep(rng.uniform(0.3, 0.6) * duration)  # anywhere: imports, training, evaluation, writing
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+        if proc.wait(timeout=300) == 0:
+            break
+    assert kills >= 2 and (out / "results.json").exists()
+    a = json.loads((straight / "results.json").read_text())["results"]
+    b = json.loads((out / "results.json").read_text())["results"]
+    for name in ("alibi", "t5"):
+        for n, e in a[name]["eval"].items():
+            assert b[name]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5), (name, n)

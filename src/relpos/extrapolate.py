@@ -17,6 +17,8 @@ import math
 import os
 import pathlib
 import platform
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 import relpos
 
+from ._io import json_safe, save_torch, save_with, write_text
 from ._progress import Progress
 from .buckets import STRATEGIES
 from .corpus import Corpus, eval_windows, load_corpus, sample_batch, stdlib_corpus
@@ -183,9 +186,11 @@ def _train_and_eval(name: str, lm_config: LMConfig, corpus: Corpus, config: RunC
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
     ckpt = _checkpoint_path(config, name)
+    fingerprint = _fingerprint(lm_config, config)
     start = 0
     if config.resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
+        _check_same("checkpoint " + str(ckpt), state.get("fingerprint", {}), fingerprint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
@@ -194,8 +199,8 @@ def _train_and_eval(name: str, lm_config: LMConfig, corpus: Corpus, config: RunC
         progress.step(f"train {name} loss {loss:.3f}")
         last = step + 1 == config.steps
         if rank == 0 and ((step + 1) % config.checkpoint_every == 0 or last):
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, ckpt)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1, "fingerprint": fingerprint}
+            save_torch(state, ckpt)  # atomic: a kill mid-write leaves the previous checkpoint
 
     start_time = time.perf_counter()
     losses = train_steps(ddp, optimizer, corpus, config, start, config.steps, rank=rank, world=world, on_step=on_step)
@@ -214,6 +219,30 @@ def _train_and_eval(name: str, lm_config: LMConfig, corpus: Corpus, config: RunC
     }
 
 
+_RESUME_KEYS = ("dim", "layers", "heads", "train_len", "batch", "steps", "lr", "seed", "corpus", "max_bytes",
+                "eval_tokens", "multipliers")
+
+
+def _fingerprint(lm_config: LMConfig, config: RunConfig) -> dict:
+    """What a checkpoint or a result depends on: resuming with any of it changed is refused."""
+    fields = asdict(config)
+    return {"model": asdict(lm_config), **{k: fields[k] for k in _RESUME_KEYS if k in fields}}
+
+
+def _check_same(what: str, saved: dict, requested: dict) -> None:
+    differ = sorted(k for k in set(saved) | set(requested) if _norm(saved.get(k)) != _norm(requested.get(k)))
+    if differ:
+        detail = ", ".join(f"{k}: saved {saved.get(k)!r}, requested {requested.get(k)!r}" for k in differ)
+        raise ValueError(
+            f"--resume: {what} was made with other options ({detail}); rerun with the same options, "
+            "or use another --out to start afresh"
+        )
+
+
+def _norm(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _environment() -> dict:
     return {
         "relpos": relpos.__version__,
@@ -230,10 +259,24 @@ def run(config: RunConfig) -> dict:
     rank, world = _dist_context()
     if config.batch % world:
         raise ValueError(f"batch={config.batch} must be divisible by the number of processes ({world})")
+    if rank == 0:
+        _check_writable(config.out)  # before any training, not after it
     corpus = load_corpus(config.corpus, max_bytes=config.max_bytes) if config.corpus else stdlib_corpus(max_bytes=config.max_bytes)
     out = pathlib.Path(config.out)
     results_path = out / "results.json"
-    previous = json.loads(results_path.read_text())["results"] if config.resume and results_path.exists() else {}
+    previous = {}
+    if config.resume and results_path.exists():
+        saved = json.loads(results_path.read_text())
+        requested = asdict(config)
+        _check_same(str(results_path), {k: saved["config"].get(k) for k in _RESUME_KEYS},
+                    {k: requested.get(k) for k in _RESUME_KEYS})
+        previous = saved["results"]
+    longest = config.train_len * max(config.multipliers)
+    if corpus.val.numel() < longest + 1:
+        raise ValueError(
+            f"the validation text ({corpus.val.numel()} bytes) is shorter than one evaluation window at the longest "
+            f"length ({longest} + 1 bytes): use a larger corpus or smaller --multipliers / --train-len"
+        )
     plan = experiments(config)
     report = {"environment": _environment(), "config": asdict(config), "corpus": corpus.describe(), "world_size": world, "results": {}}
     progress = Progress(len(plan) * (config.steps + len(config.multipliers)), enabled=config.progress and rank == 0)
@@ -244,10 +287,9 @@ def run(config: RunConfig) -> dict:
             continue
         report["results"][name] = _train_and_eval(name, lm_config, corpus, config, rank, world, progress)
         if rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            results_path.write_text(json.dumps(report, indent=1))  # after every model: a crash loses one
+            write_text(results_path, json.dumps(json_safe(report), indent=1))  # after every model: a kill loses one
     if rank == 0:
-        (out / "results.md").write_text(markdown_table(report) + "\n")
+        write_text(out / "results.md", markdown_table(report) + "\n")
         if config.plot:
             plot(report, out / "extrapolate.png")
     if dist.is_initialized():
@@ -269,8 +311,8 @@ def markdown_table(report: dict) -> str:
         cells = []
         for n in lengths:
             e = r["eval"].get(str(n))
-            cells.append("n/a (no position past its table)" if e is None else f"{e['bits_per_byte']:.3f}")
-        lines.append(f"| {name} | {r['parameters']:,} ({r['position_parameters']:,}) | {r['train_loss']:.3f} | " + " | ".join(cells) + " |")
+            cells.append("n/a (no position past its table)" if e is None else _num(e["bits_per_byte"]))
+        lines.append(f"| {name} | {r['parameters']:,} ({r['position_parameters']:,}) | {_num(r['train_loss'])} | " + " | ".join(cells) + " |")
     if config["buckets"] or config["bucketing"]:
         lines += ["", ablation_table(report)]
     env = report["environment"]
@@ -280,6 +322,13 @@ def markdown_table(report: dict) -> str:
         f"of {config['batch']} windows; relpos {env['relpos']}, torch {env['torch']}, {env['machine']}, {env['threads']} threads.",
     ]
     return "\n".join(lines)
+
+
+def _num(x) -> str:
+    """A result for the tables: 3 decimals, or what it was when not finite ("nan", "inf")."""
+    if isinstance(x, str) or x is None or not math.isfinite(x):
+        return str(x)
+    return f"{x:.3f}"
 
 
 def ablation_table(report: dict) -> str:
@@ -323,7 +372,7 @@ def plot(report: dict, path: pathlib.Path) -> pathlib.Path | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_with(lambda tmp: fig.savefig(tmp, dpi=120), path)
     plt.close(fig)
     return path
 
@@ -365,6 +414,15 @@ def config_from_args(args) -> RunConfig:
     for key in ("dim", "layers", "heads", "train_len", "batch", "steps", "eval_tokens"):
         if preset[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {preset[key]}")
+    if not encodings and not args.buckets and not args.bucketing:
+        raise ValueError("--encodings is empty: name at least one of " + ", ".join(ENCODINGS))
+    if not (math.isfinite(preset["lr"]) and preset["lr"] > 0):
+        raise ValueError(f"--lr must be a finite number > 0, got {preset['lr']}")
+    if args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
+    multipliers = _csv(int, args.multipliers)
+    if not multipliers or min(multipliers) < 1:
+        raise ValueError(f"--multipliers must be positive integers, got {args.multipliers!r}")
     return RunConfig(
         encodings=encodings, multipliers=_csv(int, args.multipliers), buckets=_csv(int, args.buckets),
         bucketing=bucketing, seed=args.seed, corpus=args.corpus, out=args.out,
@@ -373,8 +431,23 @@ def config_from_args(args) -> RunConfig:
     )
 
 
+def _check_writable(out: str) -> None:
+    path = pathlib.Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out!r} is not a writable folder ({exc.strerror})") from None
+
+
 def run_from_args(args) -> int:
-    report = run(config_from_args(args))
+    try:
+        report = run(config_from_args(args))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the checkpoints in {args.out} are complete; continue with the same options and --resume",
+              file=sys.stderr)
+        return 130
     if int(os.environ.get("RANK", "0")) == 0:
         print(markdown_table(report))
         print(f"\nresults: {pathlib.Path(args.out) / 'results.json'}" + ("" if args.no_plot else f", plot: {pathlib.Path(args.out) / 'extrapolate.png'}"))
