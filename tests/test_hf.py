@@ -285,3 +285,19 @@ def test_trainer_ddp_under_torchrun(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("<world 2 tables identical True>") == 2, done.stdout[-2000:]
+
+
+def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
+    """benchmarks/t5_model.py end to end (no timing assertions): every variant of every mode reported."""
+    from relpos.hf.bench import main
+
+    out = tmp_path / "t5.json"
+    assert main(["--lengths", "64", "--batches", "2", "--modes", "forward,train,generate,layer", "--rounds", "1",
+                 "--json", str(out), "--markdown", str(tmp_path / "t5.md")]) == 0
+    import json as _json
+
+    results = _json.loads(out.read_text())["results"]
+    assert {(r["mode"], r["variant"]) for r in results} == {
+        (m, v) for m in ("forward", "train", "generate", "layer") for v in ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
+    }
+    assert all(r["ms"] > 0 for r in results) and "### generate" in (tmp_path / "t5.md").read_text()

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import relpos
 
+from ._io import write_text
 from ._progress import Progress
 
 __all__ = ["BenchConfig", "run_bench", "markdown_tables"]
@@ -456,9 +457,7 @@ def run_from_args(args) -> int:
     header = f"machine: {machine['processor']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}"
     print(header, "", text, "\n".join(summary), sep="\n")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        write_text(args.json, json.dumps(report, indent=1))
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(header + "\n\n" + text + "\n" + "\n".join(summary) + "\n")
+        write_text(args.markdown, header + "\n\n" + text + "\n" + "\n".join(summary) + "\n")
     return 0

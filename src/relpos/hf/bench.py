@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from .._io import write_text
 from .._progress import Progress
 from ..bench import _timed_rounds
 from .t5 import accelerate
@@ -202,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"machine: {machine['platform']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}"
     print(header, "", text, sep="\n")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        write_text(args.json, json.dumps(report, indent=1))
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(header + "\n\n" + text)
+        write_text(args.markdown, header + "\n\n" + text)
     return 0
