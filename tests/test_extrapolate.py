@@ -286,3 +286,18 @@ def test_killed_runs_resume_to_the_uninterrupted_numbers(tmp_path):
     for name in ("alibi", "t5"):
         for n, e in a[name]["eval"].items():
             assert b[name]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5), (name, n)
+
+
+def test_small_corpora_split_whatever_their_file_names(tmp_path):
+    """Three small files, or one file under any name: the split no longer depends on how names hash."""
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 400)
+    corpus = load_corpus(folder)
+    assert corpus.train.numel() > corpus.val.numel() > 1000
+    for name in ("latin1.txt", "notes.txt", "a.txt", "zzz.txt"):
+        single = tmp_path / name
+        single.write_bytes(b"the cat sat on the mat. " * 1400)  # 33.6 KB
+        corpus = load_corpus(single)
+        assert corpus.train.numel() > corpus.val.numel() > 1000, name

@@ -38,9 +38,14 @@ def _split(files: list[tuple[str, bytes]], source: str, val_fraction: float, max
     train, val = bytearray(), bytearray()
     for rel, data in files:
         (val if _is_validation(rel, val_fraction) else train).extend(data + b"\n")
-    if not val and len(files) == 1:  # a single file: its last part is the validation set
-        cut = int(len(train) * (1 - val_fraction))
-        train, val = train[:cut], train[cut:]
+    if not val or not train:
+        # Too few files for the name hash to put some on each side (one file, or three that all hash
+        # the same way): split within every file instead, its last val_fraction going to validation.
+        train, val = bytearray(), bytearray()
+        for _, data in files:
+            cut = int(len(data) * (1 - val_fraction))
+            train.extend(data[:cut] + b"\n")
+            val.extend(data[cut:] + b"\n")
     if max_bytes is not None:
         train, val = train[:max_bytes], val[: max(1, int(max_bytes * val_fraction))]
     if len(train) < 2 or len(val) < 2:
