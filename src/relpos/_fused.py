@@ -63,8 +63,7 @@ def antidiagonal_sums(a: torch.Tensor) -> torch.Tensor:
 
 def _tile_inputs(q_rev, key, value, tile: Tile):
     """The tile's reversed queries (b, H, R, d) (a slice of the reversed queries, no copy), keys and values."""
-    b0, b1, r0, r1, k0, k1 = tile
-    a0, a1 = _reversed_rows(tile, q_rev.shape[-2])
+    (b0, b1, k0, k1), (a0, a1) = (tile.b0, tile.b1, tile.k0, tile.k1), _reversed_rows(tile, q_rev.shape[-2])
     return q_rev[b0:b1, :, a0:a1], key[b0:b1, :, k0:k1], value[b0:b1, :, k0:k1]
 
 

@@ -11,7 +11,7 @@ import pathlib
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["atomic_write", "write_text", "save_torch", "json_safe"]
+__all__ = ["atomic_write", "json_safe", "save_torch", "save_with", "write_text"]
 
 
 @contextlib.contextmanager

@@ -107,9 +107,7 @@ class _Call:
 
     @property
     def small(self) -> bool:
-        """Fewer scores than the per-offset machinery (tiles, blockwise backward) pays off for."""
-        batch, heads, query_length, _ = self.query.shape
-        return batch * heads * query_length * self.key_length < _FUSED_MIN_SCORES
+        return _is_small(*self.query.shape[:3], self.key_length)
 
     def tiles(self) -> list[Tile]:
         ranges = None if self.ranges is None else tuple(zip(self.ranges.starts, self.ranges.ends))
@@ -127,6 +125,11 @@ class _Call:
             offsets = OffsetBias(zeros, query_length, self.key_length, self.q_offset)
         offsets = offsets.mask_future() if self.causal else offsets
         return offsets.values.to(accumulate_dtype(self.query.dtype))
+
+
+def _is_small(batch: int, heads: int, query_length: int, key_length: int) -> bool:
+    """Fewer scores than the per-offset machinery (tiles, blockwise backward) pays off for."""
+    return batch * heads * query_length * key_length < _FUSED_MIN_SCORES
 
 
 def _check_qkv(query, key, value) -> None:
@@ -174,12 +177,12 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
         value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, dv)
     resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
     ranges, dense_reason = None, None
-    small = batch * heads * query_length * key_length < _FUSED_MIN_SCORES
-    if (attn_mask is not None or key_mask is not None) and small and backend not in ("fused", "flex"):
+    masked = attn_mask is not None or key_mask is not None
+    if masked and _is_small(batch, heads, query_length, key_length) and backend not in ("fused", "flex"):
         dense_reason = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call with a small dense mask"
         if key_mask is not None:
             attn_mask = fold_key_mask(attn_mask, key_mask)
-    elif attn_mask is not None or key_mask is not None:
+    elif masked:
         ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
         if ranges is None:
             dense_reason = "the mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
