@@ -50,3 +50,21 @@ def test_every_parameter_gets_a_gradient_in_t5_attention():
     out.square().mean().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: relpos.RelativePositionalBias(4),
+        lambda: relpos.ALiBi(4),
+        lambda: relpos.ALiBi(4, mode="symmetric"),
+        lambda: relpos.ClippedRelativeBias(4, 3),
+        lambda: relpos.LogDecayBias(0.3, num_heads=4),
+    ],
+)
+def test_every_relative_bias_is_callable_like_compute_bias(make):
+    bias = make()
+    assert torch.equal(bias(5, 7), bias.materialize(5, 7))
+    assert torch.equal(bias(1, 7, q_offset=6), bias.materialize(1, 7, q_offset=6))
+    with pytest.raises(TypeError):
+        bias(5, 7, 2)  # an offset given positionally is refused

@@ -170,6 +170,16 @@ class RelativeBias(AdditiveBias):
     ) -> torch.Tensor:
         return self.offsets(query_length, key_length, q_offset=q_offset, device=device).dense()  # (1, H, Lq, Lk)
 
+    def forward(
+        self, query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        """The dense ``(1, H, Lq, Lk)`` bias (T5's ``compute_bias`` form): every relative bias is callable.
+
+        ``q_offset`` and ``device`` are keyword-only: a third positional number is refused, not
+        taken as a device. :meth:`offsets` is the per-offset form attention uses.
+        """
+        return self.materialize(query_length, key_length, q_offset=q_offset, device=device)
+
     def _device(self) -> torch.device:
         for tensor in self.parameters():
             return tensor.device

@@ -88,21 +88,6 @@ class RelativePositionalBias(RelativeBias):
         """(H, n) bias at the (n,) offsets: one bucket and one table row per offset."""
         return self.relative_attention_bias(self.bucket(relative_position)).transpose(0, 1)  # (H, n)
 
-    def forward(
-        self,
-        query_length: int,
-        key_length: int,
-        *,
-        q_offset: int = 0,
-        device: torch.device | str | None = None,
-    ) -> torch.Tensor:
-        """Dense bias ``(1, H, Lq, Lk)``, equal to transformers' ``compute_bias(Lq, Lk, past_seen_tokens=q_offset)``.
-
-        ``q_offset`` and ``device`` are keyword-only: a third positional number is refused, not
-        taken as a device.
-        """
-        return self.materialize(query_length, key_length, q_offset=q_offset, device=device)
-
     @classmethod
     def from_t5_state_dict(
         cls,
