@@ -53,3 +53,18 @@ def test_bad_values_exit_2_with_message(capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "relpos.cli", "buckets", "--json"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["max_exact"] == 8
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from relpos.cli import build_parser
+
+    parser = build_parser()
+    missing = []
+    for action in parser._subparsers._group_actions:
+        for name, sub in action.choices.items():
+            for a in sub._actions:
+                if not isinstance(a, argparse._HelpAction) and not a.help:
+                    missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
+    assert not missing, missing

@@ -427,12 +427,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
-    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--lengths", default="512,1024,2048,4096,8192", help="comma-separated sequence lengths L")
+    parser.add_argument("--batches", default="1,4", help="comma-separated batch sizes B")
     parser.add_argument(
         "--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)} (default: all)"
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (the median is reported)")
     parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex backend (compiles per shape)")
     parser.add_argument("--json", help="write the full report (every sample) here")
     parser.add_argument("--markdown", help="write the tables here")

@@ -390,12 +390,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128")
     parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)}")
     parser.add_argument("--corpus", help="a text file or a folder of text files (default: the Python standard library)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
     parser.add_argument("--out", default="relpos-extrapolate", help="folder for results.json, results.md, the plot and checkpoints")
-    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints and results in --out")
-    parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-plot", action="store_true", help="skip extrapolate.png (no matplotlib needed)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
 
 
 def config_from_args(args) -> RunConfig:
