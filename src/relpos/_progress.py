@@ -1,27 +1,44 @@
-"""A dependency-free progress bar with ETA, written to stderr."""
+"""Progress bars: tqdm, terminal-aware (no bar when the output is not a terminal), written to stderr.
+
+One small wrapper so ``relpos extrapolate``, ``relpos bench`` and the model benchmark report
+progress the same way: ``step(label, n)`` advances the bar and shows what is running, ``total`` can
+be corrected when planned work is skipped, and ``close()`` ends the line.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 
 
 class Progress:
     def __init__(self, total: int, *, enabled: bool = True, stream=None) -> None:
-        self.total, self.done, self.start = max(1, total), 0, time.perf_counter()
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
+        self._bar = tqdm(
+            total=max(1, total),
+            file=stream or sys.stderr,
+            disable=None if enabled else True,  # None: only on a terminal, so redirected logs stay clean
+            dynamic_ncols=True,
+            smoothing=0.05,  # a rate averaged over many steps: the first (warm-up) step does not set the ETA
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]",
+        )
+
+    @property
+    def total(self) -> int:
+        return int(self._bar.total)
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self._bar.total = max(1, value)
+        self._bar.refresh()
 
     def step(self, label: str, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * max(0, self.total - self.done)
-        bar = "#" * int(30 * min(self.done, self.total) / self.total)
-        self.stream.write(f"\r[{bar:<30}] {self.done}/{self.total} {label:<44} ETA {eta / 60:4.1f} min")
-        if self.done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
+        self._bar.set_description_str(label, refresh=False)
+        self._bar.update(n)
+        if self._bar.n >= self._bar.total:
+            self.close()
+
+    def close(self) -> None:
+        self._bar.close()  # idempotent; ends the line

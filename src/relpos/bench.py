@@ -211,6 +211,7 @@ def run_bench(config: BenchConfig) -> dict:
             results.append(Result(mode, batch, length, name, ms, peak, "", samples))
         del variants
         gc.collect()
+    progress.close()
     return {
         "machine": {
             "platform": platform.platform(),

@@ -288,6 +288,7 @@ def run(config: RunConfig) -> dict:
         report["results"][name] = _train_and_eval(name, lm_config, corpus, config, rank, world, progress)
         if rank == 0:
             write_text(results_path, json.dumps(json_safe(report), indent=1))  # after every model: a kill loses one
+    progress.close()
     if rank == 0:
         write_text(out / "results.md", markdown_table(report) + "\n")
         if config.plot:

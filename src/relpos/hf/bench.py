@@ -151,6 +151,7 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
                                     "peak_mib": peak, "note": "", "samples": samples})
                 gc.collect()
         del models
+    progress.close()
     return {
         "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "relpos": relpos.__version__},
