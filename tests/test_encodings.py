@@ -452,3 +452,14 @@ def test_bad_arguments_name_the_argument(make, exc, words):
         make()
     for w in words:
         assert w in str(info.value)
+
+
+def test_causal_alibi_is_refused_where_future_keys_are_visible():
+    import relpos
+
+    q = torch.randn(1, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"defines no bias for future keys.*causal=True.*symmetric"):
+        relpos.attention(q, q, q, bias=relpos.ALiBi(4))
+    relpos.attention(q, q, q, bias=relpos.ALiBi(4), causal=True)  # the paper's setting
+    relpos.attention(q, q, q, bias=relpos.ALiBi(4, mode="symmetric"))  # bidirectional
+    relpos.attention(q[:, :, -1:], q, q, bias=relpos.ALiBi(4), q_offset=5)  # decoding: no future key exists

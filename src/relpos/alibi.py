@@ -49,8 +49,9 @@ class ALiBi(RelativeBias):
     Args:
         num_heads: heads; slopes from :func:`alibi_slopes` unless ``slopes`` is given.
         mode: ``"causal"`` (the paper): ``b = m * (j - i)`` for past keys ``j <= i`` and 0 for
-            future keys, which causal attention masks; ``"symmetric"``: ``b = -m * |j - i|``,
-            the bidirectional form used by encoders.
+            future keys, which causal attention masks (``relpos.attention`` refuses this mode
+            without ``causal=True`` when future keys are visible, instead of adding 0 to them);
+            ``"symmetric"``: ``b = -m * |j - i|``, the bidirectional form used by encoders.
         slopes: explicit positive slopes, one per head.
 
     The slopes are a non-persistent buffer: nothing to learn, nothing in the state dict.
@@ -89,6 +90,10 @@ class ALiBi(RelativeBias):
 
     def _init_buffers(self, device: torch.device | str | None = None) -> None:
         self.slopes = torch.tensor(self._slopes, dtype=torch.float32, device=device)  # (H,)
+
+    @property
+    def defines_future(self) -> bool:  # causal mode has no bias for future keys: attention must mask them
+        return self.mode == "symmetric"
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mode={self.mode!r}"

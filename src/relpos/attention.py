@@ -176,6 +176,13 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
         key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
         value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, dv)
     resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
+    future_visible = not causal and key_length - 1 > q_offset
+    if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
+        raise ValueError(
+            f"{type(bias).__name__}({getattr(bias, 'mode', '')!r} mode) defines no bias for future keys, but this "
+            "attention lets queries see them (causal=False): pass causal=True, or use the bidirectional form "
+            "(ALiBi(mode='symmetric'))"
+        )
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
     if masked and _is_small(batch, heads, query_length, key_length) and backend not in ("fused", "flex"):

@@ -129,6 +129,9 @@ class AdditiveBias(nn.Module):
     num_heads: int
     #: True when the bias depends only on ``j - i`` (then :meth:`offsets` works).
     translation_invariant: bool = False
+    #: False when the bias defines no value for future keys (``j > i``): attention then requires
+    #: ``causal=True`` rather than silently adding 0 there (ALiBi's causal mode).
+    defines_future: bool = True
 
     def materialize(
         self, query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None

@@ -383,7 +383,7 @@ def _csv(kind, text: str):
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="size of the run (default: ~5 min on 2 cores)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="size of the run (default: about 3 minutes on 2 cores, docs/extrapolate.md; full: longer)")
     parser.add_argument("--encodings", default=",".join(ENCODINGS), help=f"comma-separated, from: {', '.join(ENCODINGS)}")
     for name, kind in (("dim", int), ("layers", int), ("heads", int), ("train-len", int), ("batch", int), ("steps", int), ("lr", float), ("eval-tokens", int)):
         parser.add_argument(f"--{name}", type=kind, help="overrides the preset")
