@@ -2,7 +2,7 @@
 
 * ``buckets``: the (L, L) bucket matrix of :func:`relpos.relative_position_bucket`;
 * ``bias``: one head of any additive bias (T5, windowed 2D, clipped, ALiBi, log-decay);
-* ``attention``: seed 004's "The cat sat on mat" example, standard vs biased attention weights.
+* ``attention``: the worked "The cat sat on mat" example, standard vs biased attention weights.
 
 Needs matplotlib (``pip install "relpos[plot]"``).
 """
@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from ._checks import check_choice, check_int, check_positive_float
+from ._io import save_with
 from .alibi import ALiBi
 from .attention import attention
 from .buckets import relative_position_bucket, relative_positions
@@ -88,8 +89,26 @@ def seed004_weights(scale: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
 def _save(fig, path) -> pathlib.Path:
     path = pathlib.Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_with(lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png"), path)
     return path
+
+
+def _masked_future(matrix: torch.Tensor, causal: bool):
+    """A NumPy masked array hiding the keys a causal query cannot see (drawn in the colour map's "bad" grey)."""
+    import numpy as np
+
+    values = matrix.double().numpy()
+    if not causal:
+        return np.ma.masked_invalid(values)
+    future = (relative_positions(matrix.shape[0], matrix.shape[1]) > 0).numpy()
+    return np.ma.masked_array(values, mask=future | ~np.isfinite(values))
+
+
+def _title(ax, text: str, width: int = 60) -> None:
+    """A title wrapped to the axes' width, so it is never clipped."""
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(text, width)), fontsize=9)
 
 
 def plot_buckets(
@@ -102,13 +121,20 @@ def plot_buckets(
         relative_positions(length, length), bidirectional=not causal, num_buckets=num_buckets,
         max_distance=max_distance, strategy=strategy,
     )
-    fig, ax = plt.subplots(figsize=(6.4, 5.4))
-    im = ax.imshow(buckets.numpy(), cmap="viridis", interpolation="nearest")
-    fig.colorbar(im, ax=ax, label="bucket")
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    # discrete colours: neighbouring buckets always differ (a 20-colour qualitative cycle)
+    palette = plt.get_cmap("tab20").colors
+    cmap = ListedColormap([palette[(2 * b) % 20 + (b // 10) % 2] for b in range(num_buckets)]).with_extremes(bad="#d9d9d9")
+    norm = BoundaryNorm([b - 0.5 for b in range(num_buckets + 1)], num_buckets)
+    im = ax.imshow(_masked_future(buckets, causal), cmap=cmap, norm=norm, interpolation="nearest")
+    ticks = list(range(0, num_buckets, max(1, num_buckets // 16)))
+    fig.colorbar(im, ax=ax, label="bucket", ticks=ticks)
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
-    mode = "causal" if causal else "bidirectional"
-    ax.set_title(f"T5 buckets of j - i: {num_buckets} buckets, max_distance {max_distance}, {mode}, {strategy}", fontsize=9)
+    mode = "causal (grey: future keys, masked)" if causal else "bidirectional"
+    _title(ax, f"T5 buckets of j - i: {num_buckets} buckets, max_distance {max_distance}, {mode}, {strategy}")
     path = _save(fig, path)
     plt.close(fig)
     return path
@@ -117,14 +143,18 @@ def plot_buckets(
 def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False, seed: int = 0, **options) -> pathlib.Path:
     plt = pyplot()
     matrix = bias_matrix(kind, length, seed=seed, causal=causal, **options)
-    fig, ax = plt.subplots(figsize=(6.4, 5.4))
-    im = ax.imshow(matrix.numpy(), cmap="RdBu_r", interpolation="nearest")
-    fig.colorbar(im, ax=ax, label="bias added to the logit")
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    shown = _masked_future(matrix, causal and kind != "window2d")
+    limit = float(abs(shown).max()) or 1.0  # centre the diverging map at 0: red adds, blue subtracts
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#d9d9d9")
+    im = ax.imshow(shown, cmap=cmap, vmin=-limit, vmax=limit, interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="bias added to the logit (0 = white)")
     ax.set_xlabel("key position j" if kind != "window2d" else "key patch (raster order)")
     ax.set_ylabel("query position i" if kind != "window2d" else "query patch (raster order)")
     details = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
     learned = " (learned: seeded random initialisation)" if kind in ("t5", "window2d", "clipped") else ""
-    ax.set_title(f"{kind} bias, head 0, L={length}{', causal' if causal else ''}{', ' + details if details else ''}{learned}", fontsize=9)
+    masked = ", causal (grey: masked future keys)" if causal and kind != "window2d" else ""
+    _title(ax, f"{kind} bias, head 0, L={length}{masked}{', ' + details if details else ''}{learned}")
     path = _save(fig, path)
     plt.close(fig)
     return path
@@ -141,14 +171,16 @@ def plot_attention(path, *, scale: float = 0.3) -> pathlib.Path:
         im = ax.imshow(matrix.numpy(), cmap=cmap, vmin=-limit if limit else None, vmax=limit)
         for i in range(5):
             for j in range(5):
-                ax.text(j, i, f"{matrix[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white" if cmap == "viridis" else "black")
+                r, g, b, _ = im.cmap(im.norm(matrix[i, j].item()))
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # text colour by the cell's luminance
+                ax.text(j, i, f"{matrix[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
         ax.set_xticks(range(5), SEED004_TOKENS)
         ax.set_yticks(range(5), SEED004_TOKENS)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         ax.set_title(title, fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("Seed 004's 'The cat sat on mat': attention weights", fontsize=11)
+    fig.suptitle("Worked example 'The cat sat on mat': attention weights", fontsize=11)
     path = _save(fig, path)
     plt.close(fig)
     return path
