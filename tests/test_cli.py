@@ -68,3 +68,21 @@ def test_every_option_has_help():
                 if not isinstance(a, argparse._HelpAction) and not a.help:
                     missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
     assert not missing, missing
+
+
+def test_cli_edge_values_and_output_folders(tmp_path, capsys):
+    from relpos.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", "bias", "--length", "0", "-o", str(tmp_path / "b.png")])
+    assert exit_info.value.code == 2 and "length must be positive, got 0" in capsys.readouterr().err
+    assert main(["plot", "buckets", "--length", "8", "-o", str(tmp_path / "new" / "folder" / "b.png")]) == 0
+    assert (tmp_path / "new" / "folder" / "b.png").stat().st_size > 1000  # missing folders are created
+    assert main(["buckets", "--strategy", "uniform"]) == 0
+    assert "no exact region" in capsys.readouterr().out
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", "buckets", "-o", str(blocker / "b.png")])  # a file where a folder should be
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "error" in err and "Traceback" not in err

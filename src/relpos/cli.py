@@ -25,7 +25,8 @@ def _print_buckets(payload: dict) -> None:
         f"T5 buckets: num_buckets={payload['num_buckets']} max_distance={payload['max_distance']} "
         f"{mode} strategy={payload['strategy']}"
     )
-    print(f"relative position = key - query; exact for |distance| < {payload['max_exact']}")
+    exact = f"exact for |distance| < {payload['max_exact']}" if payload["max_exact"] else "no exact region (every bucket spans a range)"
+    print(f"relative position = key - query; {exact}")
     print(f"{'bucket':>6}  {'relative positions':<22}{'kind':<6}")
     for row in payload["buckets"]:
         low = "-inf" if row["low"] is None else str(row["low"])
@@ -52,7 +53,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if args.what == "buckets":
         path = plots.plot_buckets(
             args.output, num_buckets=args.num_buckets, max_distance=args.max_distance or 128, causal=args.causal,
-            strategy=args.strategy, length=args.length or 64,
+            strategy=args.strategy, length=64 if args.length is None else args.length,
         )
     elif args.what == "bias":
         options = {}
@@ -63,7 +64,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         elif args.kind == "log_decay":
             options = {"scale": args.scale}
         default_length = 49 if args.kind == "window2d" else 32
-        path = plots.plot_bias(args.output, args.kind, length=args.length or default_length, causal=args.causal, seed=args.seed, **options)
+        length = default_length if args.length is None else args.length  # 0 is refused by the plot, not replaced
+        path = plots.plot_bias(args.output, args.kind, length=length, causal=args.causal, seed=args.seed, **options)
     else:
         path = plots.plot_attention(args.output, scale=args.scale)
     print(f"wrote {path}")
@@ -131,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, TypeError) as exc:
         parser.exit(2, f"relpos {args.command}: error: {exc}\n")
+    except OSError as exc:  # an unwritable output, a missing input: one line, not a traceback
+        parser.exit(2, f"relpos {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
