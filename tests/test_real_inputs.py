@@ -415,3 +415,21 @@ def test_tensor_inputs_are_checked_at_the_boundary():
     with pytest.raises(TypeError, match="positional"):
         RelativePositionalBias(4)(4, 4, 2)  # an offset given positionally is not taken as a device
     assert attention(q, q[:, :, :0], q[:, :, :0]).abs().max() == 0  # no key at all: zeros, like a fully masked row
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "fused"])
+def test_grouped_query_attention_on_tiles(backend):
+    """4 query heads reading 2 key/value heads (sdpa: SDPA's enable_gqa, no k/v copies), padded and causal."""
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(H, num_buckets=8, max_distance=10, bidirectional=False)
+    q = torch.randn(B, H, 13, D, requires_grad=True)
+    k = torch.randn(B, 2, 13, D, requires_grad=True)
+    v = torch.randn(B, 2, 13, D, requires_grad=True)
+    keep = keep_of(LENGTHS["left"])
+    expected = oracle(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), bias(13, 13), keep, causal=True)
+    out = attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend=backend)
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    got = grads_of(out, [q, k, v])
+    want = grads_of(attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend="eager"), [q, k, v])
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)

@@ -210,8 +210,13 @@ def tiled_sdpa(
     tiles: list[Tile],
     scale: float,
     dropout_p: float = 0.0,
+    *,
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """The same tiles through ``F.scaled_dot_product_attention`` (any device; autograd by torch)."""
+    """The same tiles through ``F.scaled_dot_product_attention`` (any device; autograd by torch).
+
+    ``enable_gqa``: k/v have fewer heads than q (each shared by a group); SDPA shares them, no copy.
+    """
     batch, heads, query_length, _ = query.shape
     q_rev = query.flip(-2)  # one copy; each tile reads a slice
     covers_all = len(tiles) == 1 and tiles[0][:4] == (0, batch, 0, query_length)
@@ -219,7 +224,7 @@ def tiled_sdpa(
     for tile in tiles:
         qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
         mask = tile_bias(values, tile, query_length)  # (1, Hb, R, K) view
-        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
         if out is None:
             return o.flip(-2)  # one tile covers everything
         a0, a1 = _reversed_rows(tile, query_length)

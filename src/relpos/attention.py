@@ -90,8 +90,8 @@ class _Call:
     """One attention call, validated and normalized once (what every backend reads)."""
 
     query: torch.Tensor  # (B, H, Lq, d)
-    key: torch.Tensor  # (B, H, Lk, d), key/value heads already repeated for grouped-query attention
-    value: torch.Tensor  # (B, H, Lk, dv)
+    key: torch.Tensor  # (B, Hkv, Lk, d): Hkv divides H (grouped-query attention)
+    value: torch.Tensor  # (B, Hkv, Lk, dv)
     bias: OffsetBias | torch.Tensor | None
     causal: bool  # the flag, or a causal mask recognised inside attn_mask
     attn_mask: torch.Tensor | None  # what stays a dense mask (None when reduced to key ranges)
@@ -104,6 +104,17 @@ class _Call:
     @property
     def key_length(self) -> int:
         return self.key.shape[2]
+
+    @property
+    def grouped(self) -> bool:
+        return self.key.shape[1] != self.query.shape[1]
+
+    def repeated_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v with each key/value head repeated for its query group (the paths that need equal heads)."""
+        if not self.grouped:
+            return self.key, self.value
+        group = self.query.shape[1] // self.key.shape[1]
+        return self.key.repeat_interleave(group, dim=1), self.value.repeat_interleave(group, dim=1)  # (B, H, Lk, d)
 
     @property
     def small(self) -> bool:
@@ -172,9 +183,6 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     scale = check_scale("scale", scale)
     attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length))
     key_mask = check_key_mask(key_mask, batch, key_length)
-    if key.shape[1] != heads:  # grouped-query attention: share each key/value head across its group
-        key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
-        value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, dv)
     resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
     future_visible = not causal and key_length - 1 > q_offset
     if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
@@ -359,14 +367,15 @@ def attention(
                 "use backend='flex' or 'sdpa' on GPU"
             )
         dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None
-        return fused_attention(call.query, call.key, call.value, call.offset_values(), call.tiles(), call.scale, dropout)
+        key, value = call.repeated_kv()  # the fused CPU kernel takes equal head counts
+        return fused_attention(call.query, key, value, call.offset_values(), call.tiles(), call.scale, dropout)
     why = _flex_unavailable(call, _bias_grad(call) or _needs_grad(call.query, call.key, call.value))
     if why:
         raise ValueError(f"backend='flex' is unavailable: {why}")
     from ._flex import flex_biased_attention
 
     keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
-    q, k, v = call.query, call.key, call.value
+    q, (k, v) = call.query, call.repeated_kv()
     if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     return flex_biased_attention(
@@ -419,7 +428,8 @@ def _call_mask(call: _Call) -> torch.Tensor | None:
 def _eager(call: _Call) -> torch.Tensor:
     """The reference: every step written out, in the accumulation dtype."""
     acc = accumulate_dtype(call.query.dtype)
-    q, k, v = call.query.to(acc), call.key.to(acc), call.value.to(acc)
+    key, value = call.repeated_kv()
+    q, k, v = call.query.to(acc), key.to(acc), value.to(acc)
     scores = (q @ k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
     mask = _call_mask(call)
     if mask is not None:
@@ -433,23 +443,24 @@ def _eager(call: _Call) -> torch.Tensor:
 
 def _sdpa(call: _Call) -> torch.Tensor:
     q, k, v, p = call.query, call.key, call.value, call.dropout_p
+    gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
     if call.dense_reason is None:
         if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
         values = call.offset_values()  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
             values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
         if call.ranges is None and (q.shape[2] <= _tiles.CAUSAL_CHUNK or torch.compiler.is_compiling()):
             # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
             hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
-            return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale).flip(-2)
+            return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale, **gqa).flip(-2)
         if not call.small:
-            return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p)  # (B, H, Lq, dv)
+            return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
         # a small padded batch: one SDPA call with a small dense mask beats one call per padding group
     mask = _call_mask(call)  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
     if dead.any():
         mask = mask.masked_fill(dead, 0.0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
