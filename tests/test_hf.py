@@ -301,3 +301,17 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
         (m, v) for m in ("forward", "train", "generate", "layer") for v in ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
     }
     assert all(r["ms"] > 0 for r in results) and "### generate" in (tmp_path / "t5.md").read_text()
+
+
+def test_an_unfitting_transformers_is_refused_with_its_version(monkeypatch):
+    """If the installed T5Attention lacks the interface relpos.hf relies on, accelerate refuses before touching anything."""
+    reference, _ = pair("t5")
+    attention_class = type(reference.encoder.block[0].layer[0].SelfAttention)
+
+    def old_compute_bias(self, query_length, key_length, device=None, cache_position=None):  # an older signature
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(attention_class, "compute_bias", old_compute_bias)
+    with pytest.raises(RuntimeError, match=rf"does not fit T5Attention of the installed transformers {transformers.__version__}"):
+        rh.accelerate(reference)
+    assert not rh.is_accelerated(reference) and reference.config._attn_implementation != "relpos"
