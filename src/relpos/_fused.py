@@ -146,7 +146,7 @@ class _TiledAttention(torch.autograd.Function):
             b0, b1, r0, r1, k0, k1 = tile
             a0, a1 = _reversed_rows(tile, query_length)
             mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
-            base = k0 - r1 + query_length  # values index of the view's (0, 0)
+            base = tile.bias_offset(query_length)  # values index of the view's (0, 0)
             # Batch outermost: a block is (H, rows, K) whatever B is, so rows (the matmuls' M) stay large.
             for b in range(b0, b1):
                 kb, vb = k[b, :, k0:k1].to(acc), v[b, :, k0:k1].to(acc)  # (H, K, d)

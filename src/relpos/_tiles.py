@@ -37,6 +37,10 @@ class Tile(NamedTuple):
     k0: int
     k1: int
 
+    def bias_offset(self, query_length: int) -> int:
+        """Index into the per-offset values of the tile's Hankel view at (row 0, column 0): ``k0 - r1 + Lq``."""
+        return self.k0 - self.r1 + query_length
+
 
 def _groups(batch: int, key_length: int, key_ranges) -> list[tuple[int, int, int, int]]:
     """Consecutive examples with the same kept-key run: (b0, b1, start, end)."""
@@ -83,5 +87,4 @@ def plan_tiles(
 
 def tile_bias(values: torch.Tensor, tile: Tile, query_length: int) -> torch.Tensor:
     """(1, H, r1 - r0, k1 - k0) zero-copy view of ``values`` for the tile (its rows reversed)."""
-    base = tile.k0 - tile.r1 + query_length
-    return hankel_view(values, tile.k1 - tile.k0, rows=tile.r1 - tile.r0, offset=base)
+    return hankel_view(values, tile.k1 - tile.k0, rows=tile.r1 - tile.r0, offset=tile.bias_offset(query_length))

@@ -456,7 +456,7 @@ def _sdpa(call: _Call) -> torch.Tensor:
             return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale, **gqa).flip(-2)
         if not call.small:
             return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
-        # a small padded batch: one SDPA call with a small dense mask beats one call per padding group
+        # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
     mask = _call_mask(call)  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
     if dead.any():
