@@ -197,3 +197,38 @@ def test_many_concurrent_clients_are_all_answered(base_url):
     with ThreadPoolExecutor(max_workers=40) as pool:
         statuses = list(pool.map(lambda i: get(base_url + f"/api/buckets?num_buckets={2 * (i % 16) + 4}")[0], range(40)))
     assert statuses == [200] * 40
+
+
+def test_nothing_is_computed_for_a_client_that_has_gone(monkeypatch):
+    """The handler waits until the client has sent its request and closed; then it must not compute."""
+    import socket
+    import threading
+    import time
+
+    from relpos import explore
+
+    calls, closed = [], threading.Event()
+    monkeypatch.setitem(explore.ROUTES, "/api/buckets", lambda query: calls.append(query) or {"ok": True})
+    real_parse = explore._Handler.parse_request
+
+    def parse_after_the_client_left(self):
+        closed.wait(5)
+        return real_parse(self)
+
+    monkeypatch.setattr(explore._Handler, "parse_request", parse_after_the_client_left)
+    server = serve(port=0, block=False)
+    try:
+        port = server.server_address[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(f"GET /api/buckets?num_buckets=8 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        client.close()
+        closed.set()
+        time.sleep(0.5)
+        assert calls == []  # gone before the work started: no work
+        closed.clear()
+        threading.Timer(0.2, closed.set).start()  # a client that stays gets its answer
+        status, payload = get(f"http://127.0.0.1:{port}/api/buckets?num_buckets=8")
+        assert status == 200 and payload == {"ok": True} and len(calls) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

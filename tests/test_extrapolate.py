@@ -1,6 +1,7 @@
-"""relpos extrapolate: runs every encoding, reports n/a past the learned table, resumes, scales out."""
+"""relpos extrapolate (text): runs every model, reports n/a past the learned table, resumes, scales out."""
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -11,9 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from relpos import extrapolate as ex
-from relpos.corpus import eval_windows, load_corpus, sample_batch, stdlib_corpus
-from relpos.lm import ENCODINGS, LMConfig, TransformerLM
+from relpos.experiment import cli
+from relpos.experiment import runner as ex
+from relpos.experiment.data import eval_windows, load_corpus, sample_batch, stdlib_corpus
+from relpos.experiment.model import LMConfig, TransformerLM
+from relpos.experiment.problems import TextProblem
+from relpos.experiment.variants import MODELS, ROPE_SCALING_ROWS, models
 
 
 def smoke(tmp_path, **changes):
@@ -29,9 +33,12 @@ def smoke_report(tmp_path_factory):
 
 def test_every_encoding_trained_and_evaluated(smoke_report):
     out, report = smoke_report
-    assert list(report["results"]) == list(ENCODINGS)
+    scaled = [f"rope + {k}" for k in ROPE_SCALING_ROWS]
+    at = MODELS.index("rope") + 1
+    assert list(report["runs"]) == [*MODELS[:at], *scaled, *MODELS[at:]]
     lengths = [str(16 * m) for m in (1, 2, 4, 8, 16)]
-    for name, r in report["results"].items():
+    for name, seeds in report["runs"].items():
+        r = seeds["0"]
         assert r["train_loss"] < 5.6  # below uniform over 256 bytes (ln 256 = 5.55) after 12 steps: it learned
         for n in lengths:
             e = r["eval"][n]
@@ -39,12 +46,19 @@ def test_every_encoding_trained_and_evaluated(smoke_report):
                 assert e is None  # past its table: not applicable, not a crash
             else:
                 assert 0 < e["bits_per_byte"] < 9 and e["perplexity"] > 1
-    assert report["results"]["alibi"]["position_parameters"] == 0
-    assert report["results"]["t5"]["position_parameters"] == 32 * 2  # one table shared by both layers
+    runs = report["runs"]
+    assert runs["alibi"]["0"]["position_parameters"] == 0
+    assert runs["t5"]["0"]["position_parameters"] == 32 * 2  # one table shared by both layers
+    # max_distance at the training length, raised just above the exact range (32 buckets, causal: 16)
+    assert runs["t5"]["0"]["model"]["max_distance"] == 17 and runs["t5_md128"]["0"]["model"]["max_distance"] == 128
+    # within the training length every scaling is the identity: the same numbers as plain RoPE
+    for kind in ROPE_SCALING_ROWS:
+        assert runs[f"rope + {kind}"]["0"]["eval"]["16"]["bits_per_byte"] == pytest.approx(runs["rope"]["0"]["eval"]["16"]["bits_per_byte"])
+    assert runs["rope + linear"]["0"]["eval"]["256"]["bits_per_byte"] != runs["rope"]["0"]["eval"]["256"]["bits_per_byte"]
     saved = json.loads((out / "results.json").read_text())
     assert saved["environment"]["relpos"] and saved["environment"]["torch"] == torch.__version__
     table = (out / "results.md").read_text()
-    assert "n/a (no position past its table)" in table and "| t5 |" in table
+    assert "| learned absolute |" in table and "| n/a |" in table and "| RoPE + yarn (eval only) | same as RoPE |" in table
 
 
 def test_plot_is_written_and_not_blank(smoke_report):
@@ -76,8 +90,8 @@ def test_resume_continues_where_it_stopped(tmp_path, monkeypatch):
 
     real = ex.train_steps
 
-    def crash_after_step_8(model, optimizer, corpus, config, start, stop, **kw):
-        real(model, optimizer, corpus, config, start, min(stop, 8), **kw)
+    def crash_after_step_8(model, optimizer, problem, config, seed, start, stop, **kw):
+        real(model, optimizer, problem, config, seed, start, min(stop, 8), **kw)
         if stop > 8:
             raise KeyboardInterrupt("simulated crash")
 
@@ -85,18 +99,17 @@ def test_resume_continues_where_it_stopped(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6))
     monkeypatch.setattr(ex, "train_steps", real)
-    state = torch.load(tmp_path / "b" / "checkpoints" / "t5.pt", weights_only=True)
+    state = torch.load(tmp_path / "b" / "checkpoints" / "t5.seed0.pt", weights_only=True)
     assert state["step"] == 6
     resumed = ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6, resume=True))
-    for n, e in straight["results"]["t5"]["eval"].items():
-        assert resumed["results"]["t5"]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5)
+    for n, e in straight["runs"]["t5"]["0"]["eval"].items():
+        assert resumed["runs"]["t5"]["0"]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5)
 
 
-def test_ablations_build_the_t5_variants(tmp_path):
-    config = smoke(tmp_path, buckets=(8, 16))
-    assert [n for n, _ in ex.experiments(config)] == ["t5 8 buckets", "t5 16 buckets"]
-    config = smoke(tmp_path, bucketing=("log", "uniform"))
-    runs = ex.experiments(config)
+def test_ablations_build_the_t5_variants():
+    sizes = dict(dim=32, layers=1, heads=2, train_len=16, vocab=256)
+    assert [n for n, _ in models(MODELS, buckets=(8, 16), **sizes)] == ["t5 8 buckets", "t5 16 buckets"]
+    runs = models(MODELS, bucketing=("log", "uniform"), **sizes)
     assert [c.strategy for _, c in runs] == ["log", "uniform"] and all(c.encoding == "t5" for _, c in runs)
 
 
@@ -119,13 +132,21 @@ def test_cli_arguments_are_validated():
     import argparse
 
     parser = argparse.ArgumentParser()
-    ex.add_arguments(parser)
+    cli.add_arguments(parser)
     with pytest.raises(ValueError, match="--encodings: unknown"):
-        ex.config_from_args(parser.parse_args(["--encodings", "t5,fourier"]))
+        cli.config_from_args(parser.parse_args(["--encodings", "t5,fourier"]))
     with pytest.raises(ValueError, match="--bucketing must be among"):
-        ex.config_from_args(parser.parse_args(["--bucketing", "cubic"]))
+        cli.config_from_args(parser.parse_args(["--bucketing", "cubic"]))
     with pytest.raises(ValueError, match="--steps must be positive"):
-        ex.config_from_args(parser.parse_args(["--steps", "0"]))
+        cli.config_from_args(parser.parse_args(["--steps", "0"]))
+    with pytest.raises(ValueError, match="--rope-scalings must be among"):
+        cli.config_from_args(parser.parse_args(["--rope-scalings", "ntk"]))
+    for bad in ("0", "1,1", "-1,2", "a"):
+        with pytest.raises(ValueError, match="--seeds"):
+            cli.config_from_args(parser.parse_args([f"--seeds={bad}"]))
+    assert cli.config_from_args(parser.parse_args(["--seeds", "3"])).seeds == (0, 1, 2)
+    assert cli.config_from_args(parser.parse_args(["--seeds", "4,7"])).seeds == (4, 7)
+    assert cli.config_from_args(parser.parse_args([])).seeds == (0, 1, 2)  # the default run has three seeds
 
 
 def test_model_decodes_with_caches_like_parallel():
@@ -163,7 +184,8 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     config = ex.RunConfig(**{**ex.PRESETS["smoke"], "batch": 8})
-    losses = ex.train_steps(ddp, optimizer, stdlib_corpus(max_bytes=100_000), config, 0, 1, rank=rank, world=world)
+    problem = TextProblem(stdlib_corpus(max_bytes=100_000), train_len=16, multipliers=(1,), eval_tokens=64)
+    losses = ex.train_steps(ddp, optimizer, problem, config, 0, 0, 1, rank=rank, world=world)
     table = model.position.relative_attention_bias.weight
     torch.save({"loss": losses[0], "weight": table.detach().clone(), "grad": table.grad.clone()}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -181,13 +203,13 @@ def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path):
 def test_torchrun_runs_the_cli_unchanged(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-        "-m", "relpos.extrapolate", "--preset", "smoke", "--encodings", "alibi", "--steps", "3",
+        "-m", "relpos.experiment", "--preset", "smoke", "--encodings", "alibi", "--steps", "3",
         "--out", str(tmp_path), "--no-plot", "--no-progress",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "results.json").read_text())
-    assert report["world_size"] == 2 and "alibi" in report["results"]
+    assert report["world_size"] == 2 and "alibi" in report["runs"]
 
 
 def test_ablation_run_prints_seed000_table(tmp_path):
@@ -196,7 +218,7 @@ def test_ablation_run_prints_seed000_table(tmp_path):
     assert "| Buckets | Params (bias) | Train PPL | Test PPL | Length Gen (2x) |" in table
     rows = [line for line in table.splitlines() if line.startswith(("| 8 |", "| 16 |"))]
     assert len(rows) == 2 and rows[0].split("|")[2].strip() == str(8 * 2)  # 8 buckets x 2 heads
-    assert set(report["results"]) == {"t5 8 buckets", "t5 16 buckets"}
+    assert set(report["runs"]) == {"t5 8 buckets", "t5 16 buckets"}
 
 
 def test_resume_refuses_changed_options(tmp_path):
@@ -212,7 +234,7 @@ def test_options_are_validated_before_training(tmp_path):
     import argparse
 
     parser = argparse.ArgumentParser()
-    ex.add_arguments(parser)
+    cli.add_arguments(parser)
     bad = {
         ("--checkpoint-every", "0"): "--checkpoint-every must be positive",
         ("--multipliers", "0"): "--multipliers must be positive",
@@ -221,7 +243,7 @@ def test_options_are_validated_before_training(tmp_path):
     }
     for argv, message in bad.items():
         with pytest.raises(ValueError, match=message):
-            ex.config_from_args(parser.parse_args(["--preset", "smoke", *argv]))
+            cli.config_from_args(parser.parse_args(["--preset", "smoke", *argv]))
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match="is not a writable folder"):
@@ -236,8 +258,12 @@ def test_non_finite_results_are_valid_json(tmp_path):
     assert json.loads(json.dumps(json_safe({"a": float("nan"), "b": [float("inf"), 1.5]}))) == {"a": "nan", "b": ["inf", 1.5]}
     report = ex.run(smoke(tmp_path, encodings=("alibi",), steps=3, lr=1e30, plot=False))  # diverges
     saved = json.loads((tmp_path / "results.json").read_text())  # strict JSON parses
-    assert saved["results"]["alibi"]["train_loss"] in ("nan", "inf") or isinstance(saved["results"]["alibi"]["train_loss"], float)
-    assert "| alibi |" in (tmp_path / "results.md").read_text() and report
+    loss = saved["runs"]["alibi"]["0"]["train_loss"]
+    assert loss in ("nan", "inf") or isinstance(loss, float)
+    table = (tmp_path / "results.md").read_text()
+    assert "| ALiBi |" in table and report
+    cell = report["summary"]["alibi"]["eval"]["16"]
+    assert cell is None or not math.isfinite(cell["mean"]) or cell["mean"] > 0  # a diverged seed is not hidden
 
 
 def test_ctrl_c_is_one_line_and_resumable(tmp_path, monkeypatch, capsys):
@@ -248,8 +274,8 @@ def test_ctrl_c_is_one_line_and_resumable(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ex, "run", interrupted)
     parser = argparse.ArgumentParser()
-    ex.add_arguments(parser)
-    assert ex.run_from_args(parser.parse_args(["--preset", "smoke", "--out", str(tmp_path)])) == 130
+    cli.add_arguments(parser)
+    assert cli.run_from_args(parser.parse_args(["--preset", "smoke", "--out", str(tmp_path)])) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
 
@@ -260,18 +286,18 @@ def test_killed_runs_resume_to_the_uninterrupted_numbers(tmp_path):
     import signal
     import time
 
-    common = ["--preset", "smoke", "--encodings", "alibi,t5", "--steps", "60", "--checkpoint-every", "1",
+    common = ["--preset", "smoke", "--encodings", "alibi,t5", "--seeds", "0,1", "--steps", "30", "--checkpoint-every", "1",
               "--no-plot", "--no-progress"]
     straight = tmp_path / "straight"
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "relpos.extrapolate", *common, "--out", str(straight)], check=True,
+    subprocess.run([sys.executable, "-m", "relpos.experiment", *common, "--out", str(straight)], check=True,
                    capture_output=True, timeout=300)
     duration = time.perf_counter() - began
     out = tmp_path / "killed"
     rng = random.Random(0)
     kills = 0
     for attempt in range(10):
-        proc = subprocess.Popen([sys.executable, "-m", "relpos.extrapolate", *common, "--out", str(out), "--resume"],
+        proc = subprocess.Popen([sys.executable, "-m", "relpos.experiment", *common, "--out", str(out), "--resume"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if kills < 3:
             time.sleep(rng.uniform(0.3, 0.6) * duration)  # anywhere: imports, training, evaluation, writing
@@ -281,11 +307,15 @@ def test_killed_runs_resume_to_the_uninterrupted_numbers(tmp_path):
         if proc.wait(timeout=300) == 0:
             break
     assert kills >= 2 and (out / "results.json").exists()
-    a = json.loads((straight / "results.json").read_text())["results"]
-    b = json.loads((out / "results.json").read_text())["results"]
+    a = json.loads((straight / "results.json").read_text())
+    b = json.loads((out / "results.json").read_text())
     for name in ("alibi", "t5"):
-        for n, e in a[name]["eval"].items():
-            assert b[name]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5), (name, n)
+        for seed in ("0", "1"):
+            for n, e in a["runs"][name][seed]["eval"].items():
+                got = b["runs"][name][seed]["eval"][n]["bits_per_byte"]
+                assert got == pytest.approx(e["bits_per_byte"], abs=1e-5), (name, seed, n)
+        for n, cell in a["summary"][name]["eval"].items():
+            assert b["summary"][name]["eval"][n]["mean"] == pytest.approx(cell["mean"], abs=1e-5)
 
 
 def test_small_corpora_split_whatever_their_file_names(tmp_path):

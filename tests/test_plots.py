@@ -54,3 +54,18 @@ def test_bad_plot_arguments_exit_2(capsys):
     with pytest.raises(SystemExit) as info:
         main(["plot", "bias", "--kind", "fourier", "-o", "x.png"])
     assert info.value.code == 2 and "kind must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["plot", "bias", "--length", "100000"], "past the plots' limit of 1024"),
+    (["plot", "buckets", "--length", "5000"], "past the plots' limit of 1024"),
+    (["plot", "buckets", "--num-buckets", "100000"], "num_buckets=100000 is past the plots' limit"),
+])
+def test_plot_sizes_are_bounded_before_any_work(tmp_path, capsys, argv, phrase):
+    import time
+
+    began = time.perf_counter()
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "-o", str(tmp_path / "p.png")])
+    assert info.value.code == 2 and phrase in capsys.readouterr().err and time.perf_counter() - began < 1.0
+    assert not (tmp_path / "p.png").exists()

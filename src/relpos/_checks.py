@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale"]
+__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -73,4 +73,24 @@ def check_scale(name: str, value: Any) -> float | None:
     value = float(value)
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def check_device(name: str, value: Any) -> torch.device | None:
+    """``None``, a ``torch.device`` or a string torch can parse (``"cpu"``, ``"cuda:0"``)."""
+    if value is None or isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be None, a torch.device or a device string like 'cpu', got {value!r} of type {type(value).__name__}")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a device torch knows ('cpu', 'cuda', 'cuda:0', ...), got {value!r}") from None
+
+
+def check_tensor(name: str, value: Any, *, shape: str = "") -> torch.Tensor:
+    """A ``torch.Tensor`` (not a list, not a NumPy array: no silent copies or dtype guesses)."""
+    if not isinstance(value, torch.Tensor):
+        hint = " (convert it with torch.as_tensor first)" if hasattr(value, "__len__") else ""
+        raise TypeError(f"{name} must be a torch.Tensor{' ' + shape if shape else ''}, got {type(value).__name__}{hint}")
     return value

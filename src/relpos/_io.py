@@ -14,6 +14,15 @@ from typing import Any, Callable
 __all__ = ["atomic_write", "json_safe", "save_torch", "save_with", "write_text"]
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, suffix: str = ""):
     """Yield a temporary path in ``path``'s folder; on success it replaces ``path`` (fsynced)."""
@@ -25,6 +34,7 @@ def atomic_write(path: str | os.PathLike, suffix: str = ""):
         yield pathlib.Path(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give what open() would have
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -11,7 +11,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from ._checks import check_choice, check_int
+from ._checks import check_choice, check_device, check_int
 from .bias import RelativeBias
 
 __all__ = ["ALiBi", "alibi_slopes"]
@@ -75,6 +75,7 @@ class ALiBi(RelativeBias):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.mode = check_choice("mode", mode, ("causal", "symmetric"))
         if slopes is None:

@@ -27,7 +27,7 @@ from typing import Literal, Union
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_choice, check_int, check_probability, check_scale
+from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ._dropout import draw_seed, effective_p, keep_dense
 from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
@@ -48,6 +48,11 @@ def resolve_bias(
     bias: BiasLike, query_length: int, key_length: int, *, num_heads: int, q_offset: int = 0, device=None
 ) -> OffsetBias | torch.Tensor | None:
     """Turn any accepted ``bias`` into an :class:`OffsetBias`, a dense tensor, or ``None``."""
+    query_length = check_int("query_length", query_length, minimum=1)
+    key_length = check_int("key_length", key_length, minimum=1)
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
     if bias is None:
         return None
     if isinstance(bias, AdditiveBias):
@@ -145,9 +150,9 @@ def _is_small(batch: int, heads: int, query_length: int, key_length: int) -> boo
 
 def _check_qkv(query, key, value) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got {shape}")
+        check_tensor(name, t, shape="(B, H, L, d)")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got shape {tuple(t.shape)}")
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     if key.shape[0] != batch or value.shape[:2] != key.shape[:2] or key.shape[2] != value.shape[2]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_device, check_int
 from .buckets import relative_offsets
 
 __all__ = ["OffsetBias", "AdditiveBias", "RelativeBias", "hankel_view"]
@@ -162,6 +162,7 @@ class RelativeBias(AdditiveBias):
         self, query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
     ) -> OffsetBias:
         """Per-offset bias for queries at ``q_offset .. q_offset + Lq - 1``: O(Lq + Lk) work and memory."""
+        device = check_device("device", device)
         rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=self._device())  # (n,)
         values = self.bias_at(rel).contiguous()  # (H, n)
         if device is not None:

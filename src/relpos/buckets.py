@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from ._checks import check_bool, check_choice, check_int
+from ._checks import check_bool, check_choice, check_device, check_int
 
 __all__ = [
     "BucketStrategy",
@@ -52,6 +52,7 @@ def relative_positions(
     query_length = check_int("query_length", query_length, minimum=1)
     key_length = check_int("key_length", key_length, minimum=1)
     q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
     query_pos = torch.arange(query_length, device=device) + q_offset  # (Lq,)
     key_pos = torch.arange(key_length, device=device)  # (Lk,)
     return key_pos[None, :] - query_pos[:, None]  # (Lq, Lk)
@@ -72,6 +73,7 @@ def relative_offsets(
     query_length = check_int("query_length", query_length, minimum=1)
     key_length = check_int("key_length", key_length, minimum=1)
     q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
     low = -(q_offset + query_length - 1)
     return torch.arange(low, key_length - q_offset, device=device)  # (Lq + Lk - 1,)
 

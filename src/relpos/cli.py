@@ -1,6 +1,7 @@
 """The ``relpos`` command line.
 
 ``relpos extrapolate``: the main job, train short and test long with every encoding.
+``relpos tasks``: the same on algorithmic tasks, exact-match accuracy per length.
 ``relpos buckets``: which relative positions (key - query) fall in each bucket.
 ``relpos plot``: heatmaps of buckets, biases, and standard vs biased attention.
 ``relpos explore``: the interactive page, served locally.
@@ -113,11 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="allow a non-loopback --host (no authentication: anyone who reaches the port can use the page)")
     ex.add_argument("--port", type=int, default=0, help="0: a free port")
     ex.set_defaults(func=_cmd_explore)
-    e = sub.add_parser("extrapolate", help="train short, test long: every position encoding side by side")
-    from .extrapolate import add_arguments as add_extrapolate_arguments, run_from_args as run_extrapolate
+    from .experiment import cli as experiment
 
-    add_extrapolate_arguments(e)
-    e.set_defaults(func=run_extrapolate)
+    e = sub.add_parser("extrapolate", help="train short, test long on text: every position encoding side by side")
+    experiment.add_arguments(e)
+    e.set_defaults(func=experiment.run_from_args)
+    t = sub.add_parser("tasks", help="train short, test long on algorithmic tasks (copy, reverse, sort, addition)")
+    experiment.add_task_arguments(t)
+    t.set_defaults(func=experiment.run_tasks_from_args)
     b = sub.add_parser("bench", help="benchmark attention with a T5 bias against transformers and SDPA")
     from .bench import add_arguments, run_from_args
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_device, check_int
 from .bias import RelativeBias
 
 __all__ = ["ClippedRelativeBias"]
@@ -40,6 +40,7 @@ class ClippedRelativeBias(RelativeBias):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.max_distance = check_int(
             "max_distance", max_distance, minimum=0, hint="it is the largest offset |j - i| with a value of its own"

@@ -22,6 +22,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import pathlib
+import select
+import socket
 import sys
 import threading
 from http import HTTPStatus
@@ -131,6 +133,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: dict) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json")
 
+    def _client_gone(self) -> bool:
+        """True when the client has closed its side: its socket reads as end-of-file right now."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         try:
             self._get()
@@ -148,6 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         url = urlparse(self.path)
         if url.path in ROUTES:
+            if self._client_gone():  # nobody would read the answer: compute nothing
+                self.close_connection = True
+                return
             try:
                 self._json(HTTPStatus.OK, ROUTES[url.path](parse_qs(url.query)))
             except TooLarge as exc:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_int, check_probability, check_scale
+from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from .attention import BACKENDS, Backend, BiasLike, attention, resolve_bias
 from ._masks import check_key_mask, fold_key_mask
 from .bias import AdditiveBias
@@ -86,6 +86,8 @@ class MultiheadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
+        check_bool("bias", bias)
         self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.num_kv_heads = check_int("num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads, minimum=1)
@@ -160,6 +162,9 @@ class MultiheadAttention(nn.Module):
         ``cache`` in cross-attention the memory's keys and values are stored on the first call and
         reused after (the queries' positions start at 0 unless ``q_offset`` says otherwise).
         """
+        check_tensor("x", x, shape="(B, L, embed_dim)")
+        if memory is not None:
+            check_tensor("memory", memory, shape="(B, Lk, embed_dim)")
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
         if q_offset is None:

@@ -47,6 +47,20 @@ def pyplot(*, required: bool = True):
     return plt
 
 
+#: the largest heatmap side and bucket count a plot draws: more cells than a figure has pixels say
+#: nothing new, and each costs memory (a 10**5 side would be a 40 GB matrix)
+MAX_PLOT_LENGTH = 1024
+MAX_PLOT_BUCKETS = 4096
+
+
+def _check_plot_size(length: int, num_buckets: int | None = None) -> None:
+    if length > MAX_PLOT_LENGTH:
+        raise ValueError(f"length={length} is past the plots' limit of {MAX_PLOT_LENGTH} (a heatmap with more cells "
+                         "than a figure has pixels); plot a shorter length")
+    if num_buckets is not None and num_buckets > MAX_PLOT_BUCKETS:
+        raise ValueError(f"num_buckets={num_buckets} is past the plots' limit of {MAX_PLOT_BUCKETS} colours")
+
+
 def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
     """(L, L) bias of head 0 of ``kind`` (learned tables at their seeded initialisation).
 
@@ -54,6 +68,7 @@ def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = Fa
     """
     kind = check_choice("kind", kind, BIAS_KINDS)
     length = check_int("length", length, minimum=1)
+    _check_plot_size(length, options.get("num_buckets"))
     torch.manual_seed(seed)
     if kind == "window2d":
         side = math.isqrt(length)
@@ -115,8 +130,9 @@ def plot_buckets(
     path, *, num_buckets: int = 32, max_distance: int = 128, causal: bool = False,
     strategy: Literal["log", "linear", "uniform", "quadratic"] = "log", length: int = 64,
 ) -> pathlib.Path:
-    plt = pyplot()
     length = check_int("length", length, minimum=1)
+    _check_plot_size(length, check_int("num_buckets", num_buckets, minimum=1))
+    plt = pyplot()
     buckets = relative_position_bucket(
         relative_positions(length, length), bidirectional=not causal, num_buckets=num_buckets,
         max_distance=max_distance, strategy=strategy,

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_int, check_positive_float
+from ._checks import check_bool, check_device, check_int, check_positive_float, check_tensor
 
 __all__ = ["ROPE_SCALINGS", "RotaryEmbedding"]
 
@@ -174,6 +174,7 @@ class RotaryEmbedding(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.head_dim = check_int("head_dim", head_dim, minimum=2)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even (channels rotate in pairs), got {head_dim}")
@@ -235,6 +236,7 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Rotate ``x (..., L, d)`` as positions ``start .. start + L - 1`` (new keys of a KV cache)."""
         start = check_int("start", start, minimum=0)
+        check_tensor("x", x, shape="(..., L, d)")
         if not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating tensor, got {x.dtype}: rotating integers would truncate the result")
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
@@ -251,6 +253,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, *, q_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         q_offset = check_int("q_offset", q_offset, minimum=0)
         for name, t in (("q", q), ("k", k)):
+            check_tensor(name, t, shape="(..., L, head_dim)")
             if t.dim() < 2 or t.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} must be (..., L, head_dim={self.head_dim}), got {tuple(t.shape)}")
         return self.rotate(q, q_offset), self.rotate(k, 0)

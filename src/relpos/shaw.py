@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_int, check_positive_float
+from ._checks import check_bool, check_device, check_int, check_positive_float, check_scale, check_tensor
 from ._fused import accumulate_dtype
 from ._masks import check_attn_mask
 from .attention import _dense_mask, masked_softmax
@@ -50,6 +50,7 @@ class ShawRelativePosition(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.head_dim = check_int("head_dim", head_dim, minimum=1)
         self.max_distance = check_int("max_distance", max_distance, minimum=0)
         check_bool("values", values)
@@ -101,6 +102,9 @@ class ShawRelativePosition(nn.Module):
         """
         q_offset = check_int("q_offset", q_offset, minimum=0)
         causal = check_bool("causal", causal)
+        scale = check_scale("scale", scale)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t, shape="(B, H, L, d)")
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim} channels, got {q.shape[-1]} and {k.shape[-1]}")
         attn_mask = check_attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))

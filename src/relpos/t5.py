@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_float
+from ._checks import check_device, check_int, check_positive_float
 from .bias import RelativeBias
 from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
 
@@ -57,6 +57,7 @@ class RelativePositionalBias(RelativeBias):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.num_buckets, self.max_distance, self.bidirectional, self.strategy = check_bucket_config(
             num_buckets, max_distance, bidirectional, strategy

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_device, check_int
 from .attention import Backend, BiasLike, attention
 from .bias import AdditiveBias
 from .mha import KVCache, MultiheadAttention
@@ -62,6 +62,7 @@ class T5Attention(MultiheadAttention):
     ) -> None:
         check_bool("has_relative_bias", has_relative_bias)
         check_bool("bidirectional", bidirectional)
+        device = check_device("device", device)
         if relative_bias is None and has_relative_bias:
             relative_bias = RelativePositionalBias(
                 num_heads, num_buckets, max_distance, bidirectional, device=device, dtype=dtype
@@ -152,6 +153,8 @@ class T5Block(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
+        check_int("dim", dim, minimum=1)
         check_int("ff_dim", ff_dim, minimum=1)
         check_bool("cross_attention", cross_attention)
         factory = {"device": device, "dtype": dtype}
@@ -215,7 +218,9 @@ class T5Stack(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         check_int("num_layers", num_layers, minimum=1)
+        check_int("dim", dim, minimum=1)
         check_bool("bidirectional", bidirectional)
         factory = {"device": device, "dtype": dtype}
         self.relative_bias = RelativePositionalBias(num_heads, num_buckets, max_distance, bidirectional, **factory)

@@ -14,7 +14,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_int, check_positive_float
+from ._checks import check_choice, check_device, check_int, check_positive_float
 from .bias import AdditiveBias
 from .windows import normalize_window_size, table_size, window_coords, window_relative_position_index
 
@@ -73,6 +73,7 @@ class RelativePositionBias(_WindowBias):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.bias_type = check_choice("bias_type", bias_type, ("2d", "1d"))
         self.window_size = normalize_window_size(window_size, ndim=2 if bias_type == "2d" else 1)
@@ -136,6 +137,7 @@ class FactorizedRelativePositionBias(_WindowBias):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device = check_device("device", device)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.window_size = normalize_window_size(window_size, ndim=2)
         self.init_std = check_positive_float("init_std", init_std)

@@ -13,7 +13,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from ._checks import check_choice, check_int
+from ._checks import check_choice, check_device, check_int
 
 __all__ = ["Convention", "normalize_window_size", "window_coords", "window_relative_position_index", "table_size"]
 
@@ -42,6 +42,7 @@ def window_coords(window_size: int | Sequence[int], device: torch.device | str |
             [0, 1, 2, 0, 1, 2]])
     """
     sizes = normalize_window_size(window_size)
+    device = check_device("device", device)
     grids = torch.meshgrid(*[torch.arange(s, device=device) for s in sizes], indexing="ij")
     return torch.stack(grids).flatten(1)  # (ndim, N)
 
@@ -78,6 +79,7 @@ def window_relative_position_index(
             [8, 7, 5, 4]])
     """
     convention = check_choice("convention", convention, ("query_minus_key", "key_minus_query"))
+    device = check_device("device", device)
     sizes = normalize_window_size(window_size)
     coords = window_coords(sizes, device=device)  # (ndim, N)
     rel = coords[:, :, None] - coords[:, None, :]  # (ndim, N, N): query - key

@@ -15,16 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_choice, check_int
-from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
-from .alibi import ALiBi
-from .buckets import STRATEGIES
-from .clipped import ClippedRelativeBias
-from .log_decay import LogDecayBias
-from .mha import KVCache, MultiheadAttention
-from .rotary import RotaryEmbedding
-from .shaw import ShawRelativePosition
-from .t5 import RelativePositionalBias
+from .._checks import check_choice, check_int
+from ..absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
+from ..alibi import ALiBi
+from ..buckets import STRATEGIES
+from ..clipped import ClippedRelativeBias
+from ..log_decay import LogDecayBias
+from ..mha import KVCache, MultiheadAttention
+from ..rotary import RotaryEmbedding
+from ..shaw import ShawRelativePosition
+from ..t5 import RelativePositionalBias
 
 __all__ = ["ENCODINGS", "LMConfig", "TransformerLM"]
 
@@ -115,11 +115,22 @@ class TransformerLM(nn.Module):
         """The longest input this model can represent (``None``: unbounded)."""
         return self.config.train_len if self.config.encoding == "learned" else None
 
-    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
-        offset = 0 if caches is None else caches[0].length
-        x = self.embed(tokens)  # (B, L, D)
+    def embed_tokens(self, tokens: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
+        """Token embeddings times ``sqrt(dim)``, plus the absolute embedding if any: ``(B, L, D)``.
+
+        The scale is Vaswani et al.'s (section 3.4; fairseq, the ALiBi paper's code, does the same):
+        the tied table is initialised at std 0.02, so unscaled token vectors (norm ~0.02 sqrt(D))
+        would be drowned by a sinusoidal table whose rows have norm sqrt(D / 2). Every model gets
+        the scale, so the encoding stays the only difference between them.
+        """
+        x = self.embed(tokens) * self.config.dim**0.5  # (B, L, D)
         if self.absolute is not None:
             x = self.absolute(x, offset=offset)
+        return x
+
+    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        offset = 0 if caches is None else caches[0].length
+        x = self.embed_tokens(tokens, offset=offset)  # (B, L, D)
         position_bias = None
         for i, block in enumerate(self.blocks):
             x, position_bias = block(x, position_bias, None if caches is None else caches[i])

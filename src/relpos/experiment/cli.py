@@ -1,0 +1,194 @@
+"""``relpos extrapolate`` (held-out text) and ``relpos tasks`` (algorithmic tasks): options,
+their validation before any training, and the printed summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+
+from .._io import json_safe, write_text
+from ..buckets import STRATEGIES
+from . import runner
+from .report import markdown_report, ranking, ranking_markdown
+from .tasks import TASKS
+from .variants import MODELS, ROPE_SCALING_ROWS
+
+__all__ = ["add_arguments", "add_task_arguments", "config_from_args", "task_configs_from_args", "run_from_args",
+           "run_tasks_from_args", "main"]
+
+DEFAULT_TASKS = ("copy", "reverse", "sort")
+
+
+def _csv(kind, text: str, option: str) -> tuple:
+    try:
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{option} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` (the seeds) or ``--seeds 3`` (that many: 0, 1, 2)."""
+    values = _csv(int, text, "--seeds")
+    if len(values) == 1 and "," not in text:
+        if values[0] < 1:
+            raise ValueError(f"--seeds as a count must be >= 1, got {values[0]}")
+        return tuple(range(values[0]))
+    if not values or min(values) < 0 or len(set(values)) != len(values):
+        raise ValueError(f"--seeds must be distinct non-negative integers (or one count), got {text!r}")
+    return values
+
+
+def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[str, type], ...]) -> None:
+    parser.add_argument("--preset", choices=sorted(presets), default="default",
+                        help="size of the run: default (minutes on 2 cores, docs/extrapolate.md), full (longer), smoke (seconds)")
+    parser.add_argument("--encodings", default=",".join(MODELS),
+                        help=f"comma-separated models, from: {', '.join(MODELS)} (t5_md128: T5 with max_distance 128)")
+    parser.add_argument("--rope-scalings", default=",".join(ROPE_SCALING_ROWS),
+                        help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
+                             f"from: {', '.join(ROPE_SCALING_ROWS)}")
+    parser.add_argument("--seeds", help="seeds as 0,1,2 or a count (3 = 0,1,2); default: the preset's (3)")
+    for name, kind in sizes:
+        parser.add_argument(f"--{name}", type=kind, help="overrides the preset")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoints and results in --out (the options must be the same; more seeds or models may be added)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the plot (no matplotlib needed)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+
+
+_SIZES = (("dim", int), ("layers", int), ("heads", int), ("batch", int), ("steps", int), ("lr", float))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``relpos extrapolate``: byte-level language modelling, trained short and tested long."""
+    _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int)))
+    parser.add_argument("--multipliers", default="1,2,4,8,16", help="evaluation lengths as multiples of --train-len")
+    parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128")
+    parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)}")
+    parser.add_argument("--corpus", help="a text file or a folder of text files (default: the Python standard library)")
+    parser.add_argument("--out", default="relpos-extrapolate", help="folder for results.json, results.md, the plot and checkpoints")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """``relpos tasks``: algorithmic tasks, trained on short instances and tested on longer ones."""
+    _common(parser, runner.TASK_PRESETS, _SIZES + (("train-max", int), ("eval-instances", int)))
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated, from: {', '.join(TASKS)}")
+    parser.add_argument("--test-lengths", help="instance lengths to test, e.g. 8,16,32,64 (default: the preset's)")
+    parser.add_argument("--out", default="relpos-tasks", help="folder: one subfolder per task, and summary.md")
+
+
+def _check_models(text: str) -> tuple[str, ...]:
+    names = _csv(str, text, "--encodings")
+    unknown = [e for e in names if e not in MODELS]
+    if unknown:
+        raise ValueError(f"--encodings: unknown {unknown}; choose from {', '.join(MODELS)}")
+    return names
+
+
+def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
+    preset = dict(presets[args.preset])
+    for key in keys:
+        value = getattr(args, key, None)
+        if value is not None:
+            preset[key] = value
+    for key in keys:
+        if key != "lr" and preset[key] < 1:
+            raise ValueError(f"--{key.replace('_', '-')} must be positive, got {preset[key]}")
+    if not (math.isfinite(preset["lr"]) and preset["lr"] > 0):
+        raise ValueError(f"--lr must be a finite number > 0, got {preset['lr']}")
+    if args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
+    scalings = _csv(str, args.rope_scalings, "--rope-scalings")
+    if any(s not in ROPE_SCALING_ROWS for s in scalings):
+        raise ValueError(f"--rope-scalings must be among {', '.join(ROPE_SCALING_ROWS)}, got {args.rope_scalings!r}")
+    if args.seeds is not None:
+        preset["seeds"] = _seeds(args.seeds)
+    return dict(preset, encodings=_check_models(args.encodings), rope_scalings=scalings, out=args.out,
+                checkpoint_every=args.checkpoint_every, resume=args.resume, plot=not args.no_plot,
+                progress=not args.no_progress, preset=args.preset)
+
+
+def config_from_args(args) -> runner.RunConfig:
+    fields = _base_config(args, runner.PRESETS, ("dim", "layers", "heads", "batch", "steps", "lr", "train_len", "eval_tokens"))
+    bucketing = _csv(str, args.bucketing, "--bucketing")
+    if any(s not in STRATEGIES for s in bucketing):
+        raise ValueError(f"--bucketing must be among {', '.join(STRATEGIES)}, got {args.bucketing!r}")
+    buckets = _csv(int, args.buckets, "--buckets")
+    if buckets and min(buckets) < 2:
+        raise ValueError(f"--buckets must be bucket counts >= 2, got {args.buckets!r}")
+    if not fields["encodings"] and not buckets and not bucketing:
+        raise ValueError("--encodings is empty: name at least one of " + ", ".join(MODELS))
+    multipliers = _csv(int, args.multipliers, "--multipliers")
+    if not multipliers or min(multipliers) < 1:
+        raise ValueError(f"--multipliers must be positive integers, got {args.multipliers!r}")
+    return runner.RunConfig(task="text", multipliers=multipliers, buckets=buckets, bucketing=bucketing,
+                            corpus=args.corpus, **fields)
+
+
+def task_configs_from_args(args) -> list[runner.RunConfig]:
+    """One configuration per task, each writing into ``--out/<task>``."""
+    fields = _base_config(args, runner.TASK_PRESETS, ("dim", "layers", "heads", "batch", "steps", "lr", "train_max", "eval_instances"))
+    if not fields["encodings"]:
+        raise ValueError("--encodings is empty: name at least one of " + ", ".join(MODELS))
+    tasks = _csv(str, args.tasks, "--tasks")
+    if not tasks or any(t not in TASKS for t in tasks):
+        raise ValueError(f"--tasks must name some of {', '.join(TASKS)}, got {args.tasks!r}")
+    if args.test_lengths is not None:
+        fields["test_lengths"] = _csv(int, args.test_lengths, "--test-lengths")
+    lengths = fields["test_lengths"]
+    if not lengths or min(lengths) < 1 or list(lengths) != sorted(set(lengths)):
+        raise ValueError(f"--test-lengths must be increasing positive integers, got {lengths!r}")
+    out = fields.pop("out")
+    return [runner.RunConfig(task=t, out=str(pathlib.Path(out) / t), **fields) for t in tasks]
+
+
+def _interrupted(out: str) -> int:
+    print(f"\ninterrupted: the checkpoints in {out} are complete; continue with the same options and --resume", file=sys.stderr)
+    return 130
+
+
+def run_from_args(args) -> int:
+    config = config_from_args(args)
+    try:
+        report = runner.run(config)
+    except KeyboardInterrupt:
+        return _interrupted(args.out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(markdown_report(report))
+        print(f"\nresults: {pathlib.Path(args.out) / 'results.json'}" + ("" if args.no_plot else f", plot: {pathlib.Path(args.out) / 'extrapolate.png'}"))
+    return 0
+
+
+def run_tasks_from_args(args) -> int:
+    configs = task_configs_from_args(args)
+    reports = {}
+    try:
+        for config in configs:
+            reports[config.task] = runner.run(config)
+    except KeyboardInterrupt:
+        return _interrupted(args.out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        for task, report in reports.items():
+            print(f"\n## {task}\n\n{markdown_report(report)}")
+        summary = ranking_markdown(reports)
+        write_text(pathlib.Path(args.out) / "summary.md", summary + "\n")
+        write_text(pathlib.Path(args.out) / "summary.json", json.dumps(json_safe(ranking(reports)), indent=1))
+        print(f"\n## ranking past the training lengths\n\n{summary}\n\nresults: {args.out}/<task>/results.json, {args.out}/summary.md")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m relpos.experiment [tasks] ...`` (and under torchrun): the same as the CLI."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tasks = bool(argv) and argv[0] == "tasks"
+    parser = argparse.ArgumentParser(prog="relpos tasks" if tasks else "relpos extrapolate")
+    (add_task_arguments if tasks else add_arguments)(parser)
+    args = parser.parse_args(argv[1:] if tasks else argv)
+    try:
+        return (run_tasks_from_args if tasks else run_from_args)(args)
+    except (ValueError, TypeError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
