@@ -1,6 +1,6 @@
 """Cost of building a T5 bias: transformers' compute_bias vs relpos (dense, per-offset, cached).
 
-Answers seed 000's pitfall 1 ("cache the bias"): does a cache still pay once the bias is
+Answers the T5 bias explainer's pitfall 1 ("cache the bias"): does a cache still pay once the bias is
 built per offset? Variants are interleaved and repeated; medians are reported.
 
     python benchmarks/bias_build.py            # prints a markdown table

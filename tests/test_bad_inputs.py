@@ -104,3 +104,27 @@ def test_older_swin_state_dicts_with_the_index_load():
     state["relative_position_index"] = relpos.window_relative_position_index((2, 2))
     with pytest.raises(RuntimeError, match="another window"):
         fresh.load_state_dict(state)
+
+
+@pytest.mark.parametrize("name,call,error,phrase", [
+    ("dense bias of another shape", lambda: attention(Q, Q, Q, bias=torch.zeros(3, 5, 5)), ValueError, "bias of shape (3, 5, 5) does not broadcast"),
+    ("integer dense bias", lambda: attention(Q, Q, Q, bias=torch.zeros(1, 4, 5, 5, dtype=torch.long)), TypeError, "must be floating"),
+    ("boolean dense bias", lambda: attention(Q, Q, Q, bias=torch.ones(1, 4, 5, 5, dtype=torch.bool)), TypeError, "belongs in attn_mask"),
+    ("bias on another device", lambda: attention(Q, Q, Q, bias=torch.zeros(1, 4, 5, 5, device="meta")), ValueError, "bias is on meta but the query is on cpu"),
+    ("attn_mask on another device", lambda: attention(Q, Q, Q, attn_mask=torch.ones(5, 5, dtype=torch.bool, device="meta")), ValueError, "attn_mask is on meta"),
+    ("key_mask on another device", lambda: attention(Q, Q, Q, key_mask=torch.ones(2, 5, dtype=torch.bool, device="meta")), ValueError, "key_mask is on meta"),
+    ("MHA input of another dtype", lambda: MultiheadAttention(16, 4)(torch.randn(1, 5, 16, dtype=torch.float64)), TypeError, "x is torch.float64 on cpu but this layer's weights are torch.float32"),
+    ("MHA memory of another dtype", lambda: MultiheadAttention(16, 4)(torch.randn(1, 5, 16), memory=torch.randn(1, 3, 16).double()), TypeError, "memory is torch.float64"),
+    ("RoPE module on another device", lambda: RotaryEmbedding(8, device="meta")(Q, Q), ValueError, "this RotaryEmbedding is on meta"),
+])
+def test_dtype_and_device_mismatches_are_named(name, call, error, phrase):
+    with pytest.raises(error) as info:
+        call()
+    assert phrase in str(info.value), (name, str(info.value))
+
+
+def test_autocast_still_mixes_dtypes_in_multihead_attention():
+    layer = MultiheadAttention(16, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = layer(torch.randn(1, 5, 16).bfloat16())  # autocast casts the weights: no refusal
+    assert out.dtype == torch.bfloat16

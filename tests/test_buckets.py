@@ -30,13 +30,13 @@ def valid_configs():
 # --- golden values ------------------------------------------------------------------------
 
 
-def test_seed001_worked_example():
+def test_bucketing_walkthrough_worked_example():
     # T=4, num_buckets=8, max_distance=16, rel[i, j] = j - i
     got = t5_bucket(relative_positions(4, 4), num_buckets=8, max_distance=16)
     assert got.tolist() == [[0, 5, 6, 6], [1, 0, 5, 6], [2, 1, 0, 5], [2, 2, 1, 0]]
 
 
-def test_seed000_distance_table_corrected():
+def test_t5_explainer_distance_table_corrected():
     # Seed 000 lists buckets for query - key distances with several wrong entries
     # (-100 -> 8, -10 -> 14, -5 -> 11, 0 -> 16, 10 -> 24 under a sign flip ...).
     # The reference (transformers) gives, for relative position = key - query:
@@ -46,7 +46,7 @@ def test_seed000_distance_table_corrected():
     assert hf_bucket(rel).tolist() == expected
 
 
-def test_seed000_exact_and_log_regions():
+def test_t5_explainer_exact_and_log_regions():
     # 32 buckets, bidirectional, max_distance 128: exact for |d| < 8, log beyond; past keys in 0-15.
     rel = torch.arange(-200, 201)
     b = t5_bucket(rel)

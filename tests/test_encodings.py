@@ -39,7 +39,7 @@ def seed_table_to_ours(seed_values_by_query_minus_key):
     return list(reversed(seed_values_by_query_minus_key))
 
 
-def test_clipped_seed003_grid():
+def test_clipped_tutorial_grid():
     # L = 7, R_max = 2, b_r for r = i - j in (-2..2) = (-0.3, -0.2, 0, 0.2, 0.3)
     bias = ClippedRelativeBias(num_heads=1, max_distance=2)
     with torch.no_grad():
@@ -133,7 +133,7 @@ def test_alibi_bad_arguments(kwargs, words):
 # --- log-decay (seed 004) ---------------------------------------------------------------------
 
 
-def test_log_decay_seed004_tables_through_attention():
+def test_log_decay_cat_sat_tables_through_attention():
     from test_reference import BIASED, BIASED_SCORES, DIFFERENCE, RAW, STANDARD  # seed 004's printed tables
 
     raw = torch.tensor(RAW)
@@ -220,7 +220,7 @@ def test_rope_scores_depend_only_on_offset(interleaved):
     assert scores[0] == pytest.approx(scores[1], abs=1e-4) and scores[0] == pytest.approx(scores[2], abs=1e-3)
 
 
-def test_rope_seed003_thirty_degrees():
+def test_rope_tutorial_thirty_degrees():
     rope = RotaryEmbedding(2, inv_freq=[math.pi / 6])  # theta_p = 30 degrees * p
     qr, kr = rope(X, X)
     assert torch.allclose(kr[1], torch.tensor([-0.5, 0.8660]), atol=1e-4)
@@ -284,7 +284,7 @@ def test_shaw_equals_naive(lq, lk, causal, q_offset):
     assert torch.allclose(got.double(), naive_shaw(q, k, v, shaw, causal, q_offset), atol=1e-5)
 
 
-def test_shaw_seed003_table():
+def test_shaw_tutorial_table():
     shaw = ShawRelativePosition(head_dim=2, max_distance=2, values=False)
     seed_rk = [[-1.0, 0.0], [-0.5, 0.0], [0.0, 0.0], [0.5, 0.0], [1.0, 0.0]]  # r = i - j from -2 to 2
     with torch.no_grad():
@@ -390,7 +390,7 @@ def test_learnable_get_gradients_fixed_have_none():
     assert not ALiBi(4).offsets(6, 6).values.requires_grad
 
 
-def test_seed003_side_by_side():
+def test_tutorial_side_by_side():
     """Seed 003 section 14: one L = 3 example through four encodings (rows of logits)."""
     additive = ClippedRelativeBias(1, 2)
     with torch.no_grad():

@@ -39,8 +39,20 @@ def test_bucket_endpoint_is_relpos(base_url):
 def test_bias_and_attention_endpoints_are_relpos(base_url):
     status, data = get(base_url + "/api/bias?kind=alibi&length=8&causal=1")
     assert status == 200 and torch.equal(torch.tensor(data["matrix"]), plots.bias_matrix("alibi", 8, causal=True))
+    assert data["details"] == {"slope": 0.25} and data["causal"] is True
+    status, data = get(base_url + "/api/bias?kind=t5&length=12")  # the hover readout's parts: bucket, table value
+    table, buckets = data["details"]["table"], data["details"]["buckets"]
+    assert buckets == relpos.relative_position_bucket(relpos.relative_positions(12, 12)).tolist()
+    assert all(abs(data["matrix"][i][j] - table[buckets[i][j]]) < 1e-6 for i in range(12) for j in range(12))
+    status, data = get(base_url + "/api/bias?kind=window2d&length=9")
+    index, table = data["details"]["index"], data["details"]["table"]
+    assert all(abs(data["matrix"][p][r] - table[index[p][r]]) < 1e-6 for p in range(9) for r in range(9))
+    status, data = get(base_url + "/api/attention?scale=0.5&decay=linear")
+    standard, linear = plots.worked_example_weights(0.5, "linear")
+    assert status == 200 and torch.allclose(torch.tensor(data["biased"], dtype=torch.float64), linear)
+    assert torch.allclose(torch.tensor(data["bias"]), -0.5 * relpos.relative_positions(5, 5).abs().float())
     status, data = get(base_url + "/api/attention?scale=0.5")
-    standard, biased = plots.seed004_weights(0.5)
+    standard, biased = plots.worked_example_weights(0.5)
     assert status == 200 and torch.allclose(torch.tensor(data["biased"], dtype=torch.float64), biased)
 
 
@@ -55,6 +67,7 @@ def test_bias_and_attention_endpoints_are_relpos(base_url):
         ("/api/bias?length=100000", ["length must be between 1 and 128"]),
         ("/api/bias?kind=window2d&length=10", ["square number"]),
         ("/api/attention?scale=-1", ["scale must be a finite number > 0"]),
+        ("/api/attention?decay=cubic", ["decay must be one of log, linear"]),
         ("/api/bias?causal=maybe", ["causal must be true or false"]),
     ],
 )
@@ -81,52 +94,104 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_page_in_a_real_browser(base_url):
+    """Each view driven as a user would: the numbers shown are relpos's, controls update them, a bad
+    value shows relpos's message and hides the stale result, the hover readout explains a cell."""
     from playwright.sync_api import sync_playwright
 
     args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": 1366, "height": 768})
         page.goto(base_url + "/")
         page.wait_for_selector("#buckets-table tbody tr")
-        # default T5: the table shows exactly relpos's ranges
-        rows = page.eval_on_selector_all("#buckets-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
-        expected = relpos.bucket_table(32, 128)["buckets"]
-        assert [int(r[0]) for r in rows] == [b["bucket"] for b in expected]
-        assert ["24", "8 .. 11", "range"] in rows and ["15", "-inf .. -91", "range"] in rows
-        assert page.text_content("#max-exact") == "8" and page.text_content("#unused") == "16"
-        # move the controls: causal, 16 buckets
-        page.fill("#num-buckets", "16")
-        page.check("#causal")
-        page.wait_for_function("document.querySelector('#max-exact').textContent === '8' && document.querySelectorAll('#buckets-table tbody tr').length === 16")
-        rows = page.eval_on_selector_all("#buckets-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
-        causal = relpos.bucket_table(16, 128, bidirectional=False)["buckets"]
-        assert [int(r[0]) for r in rows] == [b["bucket"] for b in causal]
-        # a bad value: the message from relpos appears on the page, the table stays usable
-        page.uncheck("#causal")
-        page.fill("#num-buckets", "31")
-        page.wait_for_function("document.querySelector('#buckets-error').textContent.length > 0")
-        assert "num_buckets must be even" in page.text_content("#buckets-error")
-        page.fill("#num-buckets", "32")
-        page.wait_for_function("document.querySelector('#buckets-error').textContent === ''")
-        # attention tables: relpos's seed 004 weights to 4 decimals
-        page.wait_for_selector("#biased-table tr:nth-child(2) td")
-        shown = page.eval_on_selector_all("#biased-table tr", "rs => rs.slice(1).map(r => [...r.querySelectorAll('td')].map(c => Number(c.textContent)))")
-        _, biased = plots.seed004_weights(0.3)
-        assert torch.allclose(torch.tensor(shown, dtype=torch.float64), biased, atol=5e-5)
-        page.fill("#attention-scale", "0")
-        page.wait_for_function("document.querySelector('#attention-error').textContent.length > 0")
-        assert "scale must be a finite number > 0" in page.text_content("#attention-error")
-        # the bias heatmap is drawn (non-blank canvas)
-        page.fill("#bias-length", "24")
-        page.wait_for_function("document.querySelector('#bias-canvas').dataset.n === '24'")
-        drawn = page.evaluate("""() => { const c = document.querySelector('#bias-canvas');
-            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-            const seen = new Set(); for (let i = 0; i < d.length; i += 4 * 97) seen.add(d[i] + ',' + d[i+1] + ',' + d[i+2]);
-            return seen.size; }""")
-        assert drawn > 5
+        _check_buckets_view(page)
+        page.click("#tab-bias")
+        assert page.is_hidden("#buckets-view") and page.is_visible("#bias-view")
+        _check_bias_view(page)
+        page.click("#tab-attention")
+        _check_attention_view(page)
+        page.goto(base_url + "/#bias")  # a view can be linked to
+        assert page.is_visible("#bias-view") and page.is_hidden("#attention-view")
         browser.close()
+
+
+def _rows(page, selector):
+    return page.eval_on_selector_all(selector, "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+
+
+def _check_buckets_view(page):
+    rows = _rows(page, "#buckets-table tbody tr")  # default T5: exactly relpos's ranges
+    expected = relpos.bucket_table(32, 128)["buckets"]
+    assert [int(r[0]) for r in rows] == [b["bucket"] for b in expected]
+    assert ["24", "8 .. 11", "range"] in rows and ["15", "-inf .. -91", "range"] in rows
+    assert page.text_content("#max-exact") == "8" and page.text_content("#unused") == "16"
+    assert page.eval_on_selector_all("#buckets-chart .step", "s => s.length") == 31  # one step per used bucket
+    assert page.eval_on_selector_all("#buckets-chart .exact-band", "s => s.length") == 1
+    page.hover("#buckets-table tbody tr:nth-child(26)")  # bucket 26 (16 is unused: no row) lights up in the chart
+    assert page.eval_on_selector_all("#buckets-chart .step.hot", "s => s.map(x => x.dataset.bucket)") == ["26"]
+    page.fill("#num-buckets", "16")
+    page.check("#causal")
+    page.wait_for_function("document.querySelectorAll('#buckets-table tbody tr').length === 16")
+    causal = relpos.bucket_table(16, 128, bidirectional=False)["buckets"]
+    assert [int(r[0]) for r in _rows(page, "#buckets-table tbody tr")] == [b["bucket"] for b in causal]
+    page.uncheck("#causal")
+    page.fill("#num-buckets", "31")  # a bad value: relpos's message, and no stale table under it
+    page.wait_for_function("document.querySelector('#buckets-error').textContent.length > 0")
+    assert "num_buckets must be even" in page.text_content("#buckets-error")
+    assert page.is_hidden("#buckets-table")
+    page.fill("#num-buckets", "32")
+    page.wait_for_function("document.querySelector('#buckets-error').textContent === ''")
+    assert page.is_visible("#buckets-table")
+
+
+def _check_bias_view(page):
+    page.fill("#bias-length", "24")
+    page.wait_for_function("document.querySelector('#bias-canvas').dataset.n === '24'")
+    drawn = page.evaluate("""() => { const c = document.querySelector('#bias-canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        const seen = new Set(); for (let i = 0; i < d.length; i += 4 * 97) seen.add(d[i] + ',' + d[i+1] + ',' + d[i+2]);
+        return seen.size; }""")
+    assert drawn > 20  # cells, axes, labels and the colour bar
+    box = page.locator("#bias-canvas").bounding_box()
+    i, j = 20, 3  # hover the middle of cell (query 20, key 3); the heatmap is 440 px at (46, 16) of 620 x 520
+    page.mouse.move(box["x"] + box["width"] * (46 + 440 * (j + 0.5) / 24) / 620,
+                    box["y"] + box["height"] * (16 + 440 * (i + 0.5) / 24) / 520)
+    page.wait_for_function("document.querySelector('#bias-hover').textContent.startsWith('query 20, key 3')")
+    matrix = plots.bias_matrix("t5", 24)
+    bucket = int(relpos.relative_position_bucket(torch.tensor(j - i), num_buckets=32, max_distance=128))
+    assert page.text_content("#bias-hover") == (
+        f"query 20, key 3: j \u2212 i = -17 \u2192 bucket {bucket} \u2192 table[{bucket}] = {matrix[i, j].item():.4f}")
+    page.check("#bias-causal")
+    page.wait_for_function("document.querySelector('#bias-legend').textContent.includes('Grey cells')")
+    page.fill("#bias-length", "500")
+    page.wait_for_function("document.querySelector('#bias-error').textContent.length > 0")
+    assert "length must be between 1 and 128" in page.text_content("#bias-error") and page.is_hidden("#bias-canvas")
+    page.fill("#bias-length", "16")
+    page.wait_for_function("document.querySelector('#bias-canvas').dataset.n === '16' && document.querySelector('#bias-error').textContent === ''")
+
+
+def _check_attention_view(page):
+    page.wait_for_selector("#difference-table tr:nth-child(2) td")
+    numbers = "rs => rs.slice(1).map(r => [...r.querySelectorAll('td')].map(c => Number(c.textContent)))"
+    standard, biased = plots.worked_example_weights(0.3)
+    shown = torch.tensor(page.eval_on_selector_all("#biased-table tr", numbers), dtype=torch.float64)
+    assert torch.allclose(shown, biased, atol=5e-5)
+    difference = torch.tensor(page.eval_on_selector_all("#difference-table tr", numbers), dtype=torch.float64)
+    assert torch.allclose(difference, biased - standard, atol=5e-5)
+    page.select_option("#attention-query", "2")  # the query selector marks the row and redraws its bars
+    assert page.eval_on_selector_all("#biased-table tr.selected th", "t => t.map(x => x.textContent)") == ["sat"]
+    assert page.eval_on_selector_all("#attention-row rect.bar", "b => b.length") == 10 + 2  # 5 keys x 2, legend
+    assert 'Query "sat"' in page.text_content("#attention-caption")
+    page.select_option("#attention-decay", "linear")  # the worked example's exercise: linear decay
+    _, linear = plots.worked_example_weights(0.3, "linear")
+    page.wait_for_function("document.querySelector('#attention-caption').textContent.includes('|j \u2212 i|)') === false")
+    shown = torch.tensor(page.eval_on_selector_all("#biased-table tr", numbers), dtype=torch.float64)
+    assert torch.allclose(shown, linear, atol=5e-5)
+    page.fill("#attention-scale", "0")
+    page.wait_for_function("document.querySelector('#attention-error').textContent.length > 0")
+    assert "scale must be a finite number > 0" in page.text_content("#attention-error")
+    assert page.is_hidden("#biased-table")
 
 
 def raw_get(base_url, path, host=None):

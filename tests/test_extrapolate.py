@@ -212,7 +212,7 @@ def test_torchrun_runs_the_cli_unchanged(tmp_path):
     assert report["world_size"] == 2 and "alibi" in report["runs"]
 
 
-def test_ablation_run_prints_seed000_table(tmp_path):
+def test_ablation_run_prints_the_ablation_table(tmp_path):
     report = ex.run(smoke(tmp_path, buckets=(8, 16), steps=3, plot=False))
     table = (tmp_path / "results.md").read_text()
     assert "| Buckets | Params (bias) | Train PPL | Test PPL | Length Gen (2x) |" in table

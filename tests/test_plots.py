@@ -44,8 +44,8 @@ def test_bias_matrices_come_from_relpos():
         plots.bias_matrix("window2d", 10)
 
 
-def test_attention_panels_are_seed004_weights():
-    standard, biased = plots.seed004_weights(0.3)
+def test_attention_panels_are_the_worked_example():
+    standard, biased = plots.worked_example_weights(0.3)
     assert torch.allclose(standard, torch.tensor(STANDARD, dtype=torch.float64), atol=5e-5)
     assert torch.allclose(biased, torch.tensor(BIASED, dtype=torch.float64), atol=5e-5)
 

@@ -54,7 +54,7 @@ def qk_from_raw():
     return RAW * np.sqrt(5) / 2, np.eye(5)
 
 
-def test_seed004_tables_numpy():
+def test_cat_sat_example_tables_numpy():
     b = numpy_log_decay_bias(5, 0.3)
     assert np.allclose(b[0], BIAS_TABLE[0], atol=5e-5)
     assert np.allclose(RAW / 2 + b, BIASED_SCORES, atol=5e-5)
@@ -99,7 +99,7 @@ def test_jax_equals_torch(T, num_buckets, max_distance, bidirectional):
     assert np.array_equal(np.asarray(got), expected.float().reshape(-1).numpy())
 
 
-def test_jax_seed001_example_and_jit():
+def test_jax_walkthrough_example_and_jit():
     got = t5_relative_pos(0, 4, 8, 16)
     assert np.asarray(got).reshape(4, 4).tolist() == [[0, 5, 6, 6], [1, 0, 5, 6], [2, 1, 0, 5], [2, 2, 1, 0]]
     jitted = jax.jit(t5_relative_pos, static_argnums=(0, 1, 2, 3))

@@ -66,7 +66,7 @@ def test_shared_bias_counted_once_and_reused():
     assert shared.relative_attention_bias.weight.grad.abs().sum() > 0
 
 
-def test_seed000_usage_layer0_owns_bias():
+def test_t5_explainer_usage_layer0_owns_bias():
     # seed 000: has_relative_bias only on the first layer, later layers take position_bias
     first = T5Attention(64, 8, has_relative_bias=True)
     later = T5Attention(64, 8, has_relative_bias=False)

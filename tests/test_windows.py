@@ -13,13 +13,13 @@ hf_swin = pytest.importorskip("transformers.models.swin.modeling_swin")
 # --- seed 002 golden values ------------------------------------------------------------
 
 
-def test_seed002_1d_index():
+def test_swin_notes_1d_index():
     assert window_relative_position_index(4).tolist() == [[3, 2, 1, 0], [4, 3, 2, 1], [5, 4, 3, 2], [6, 5, 4, 3]]
     idx = window_relative_position_index(5)
     assert idx.shape == (5, 5) and idx.min() == 0 and idx.max() == 2 * 5 - 2
 
 
-def test_seed002_2d_steps():
+def test_swin_notes_2d_steps():
     # 3x3 window: 9 positions, index = (dh + 2) * 5 + (dw + 2), d = query - key
     idx = window_relative_position_index((3, 3))
     assert idx.shape == (9, 9)
@@ -29,7 +29,7 @@ def test_seed002_2d_steps():
     assert torch.equal(torch.diagonal(idx), torch.full((9,), 12))
 
 
-def test_seed002_shapes_and_edge_cases():
+def test_swin_notes_shapes_and_edge_cases():
     rpb = RelativePositionBias(num_heads=4, window_size=(7, 7), bias_type="2d")
     assert rpb().shape == (4, 49, 49)
     asym = RelativePositionBias(num_heads=3, window_size=(4, 8))
@@ -43,7 +43,7 @@ def test_seed002_shapes_and_edge_cases():
     assert one_d.relative_position_bias_table.shape == (9, 2) and one_d().shape == (2, 5, 5)
 
 
-def test_seed002_gradient_check():
+def test_swin_notes_gradient_check():
     rpb = RelativePositionBias(num_heads=4, window_size=(7, 7), bias_type="2d")
     rpb().sum().backward()
     grad = rpb.relative_position_bias_table.grad

@@ -21,12 +21,21 @@ from .buckets import relative_positions
 __all__ = ["KeyRanges", "check_attn_mask", "check_key_mask", "fold_key_mask", "key_ranges"]
 
 
-def check_attn_mask(attn_mask, shape: tuple[int, int, int, int], *, name: str = "attn_mask") -> torch.Tensor | None:
-    """Refuse anything but ``None`` or a boolean/floating tensor broadcastable to ``shape`` (B, H, Lq, Lk)."""
+def _check_device(name: str, tensor: torch.Tensor, device: torch.device | None) -> None:
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but the query is on {device}; move it with .to(query.device)")
+
+
+def check_attn_mask(
+    attn_mask, shape: tuple[int, int, int, int], *, name: str = "attn_mask", device: torch.device | None = None
+) -> torch.Tensor | None:
+    """Refuse anything but ``None`` or a boolean/floating tensor broadcastable to ``shape`` (B, H, Lq, Lk)
+    on ``device`` (the query's)."""
     if attn_mask is None:
         return None
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{name} must be a tensor or None, got {type(attn_mask).__name__}")
+    _check_device(name, attn_mask, device)
     if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
         raise TypeError(
             f"{name} has dtype {attn_mask.dtype}; relpos takes a boolean mask (True = attend) or a floating "
@@ -46,12 +55,13 @@ def check_attn_mask(attn_mask, shape: tuple[int, int, int, int], *, name: str = 
     return attn_mask
 
 
-def check_key_mask(key_mask, batch: int, key_length: int) -> torch.Tensor | None:
+def check_key_mask(key_mask, batch: int, key_length: int, *, device: torch.device | None = None) -> torch.Tensor | None:
     """``key_mask``: ``None`` or a boolean ``(B, Lk)`` tensor, ``True`` where the key is a real token."""
     if key_mask is None:
         return None
     if not isinstance(key_mask, torch.Tensor):
         raise TypeError(f"key_mask must be a boolean tensor (B, Lk) or None, got {type(key_mask).__name__}")
+    _check_device("key_mask", key_mask, device)
     if key_mask.dtype != torch.bool:
         raise TypeError(
             f"key_mask must be boolean (True = a real token to attend to), got dtype {key_mask.dtype}; "

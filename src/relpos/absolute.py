@@ -1,4 +1,4 @@
-"""Absolute position embeddings, the baselines the seeds compare against.
+"""Absolute position embeddings, the baselines relative encodings are compared against.
 
 Both are added to the token embeddings (``x + pe[positions]``), not to attention scores.
 """

@@ -186,9 +186,16 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     q_offset = check_int("q_offset", q_offset, minimum=0)
     dropout_p = check_probability("dropout_p", dropout_p)
     scale = check_scale("scale", scale)
-    attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length))
-    key_mask = check_key_mask(key_mask, batch, key_length)
+    attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length), device=query.device)
+    key_mask = check_key_mask(key_mask, batch, key_length, device=query.device)
     resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
+    if isinstance(resolved, torch.Tensor):  # a dense bias: an additive float tensor like a float mask
+        if not resolved.dtype.is_floating_point:
+            raise TypeError(
+                f"bias has dtype {resolved.dtype}: a dense bias is added to the logits and must be floating; "
+                "a boolean or 0/1 mask belongs in attn_mask= (True = attend) or key_mask="
+            )
+        check_attn_mask(resolved, (batch, heads, query_length, key_length), name="bias", device=query.device)
     future_visible = not causal and key_length - 1 > q_offset
     if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
         raise ValueError(

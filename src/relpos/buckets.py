@@ -5,7 +5,7 @@ Sign convention (T5, Hugging Face transformers, Mesh TensorFlow)::
     rel[i, j] = key_pos[j] - query_pos[i]      # > 0: the key is in the query's future
 
 Queries sit at positions ``q_offset .. q_offset + Lq - 1`` of the keys (``q_offset`` is
-the number of tokens already in a KV cache while decoding). Seed 000 writes ``i - j``
+the number of tokens already in a KV cache while decoding). The T5 bias explainer writes ``i - j``
 (query - key); that is the opposite sign and is *not* what T5 checkpoints were trained
 with. See docs/conventions.md.
 """
@@ -154,7 +154,7 @@ def relative_position_bucket(
 
     Every distance ``>= max_distance`` shares the last bucket of its half.
 
-    >>> t5_bucket(relative_positions(4, 4), num_buckets=8, max_distance=16)   # seed 001
+    >>> t5_bucket(relative_positions(4, 4), num_buckets=8, max_distance=16)   # the T5 bucketing walkthrough
     tensor([[0, 5, 6, 6],
             [1, 0, 5, 6],
             [2, 1, 0, 5],

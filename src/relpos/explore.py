@@ -4,7 +4,7 @@
   from outside);
 * ``/api/buckets``: :func:`relpos.bucket_table` (the T5 bucket explorer);
 * ``/api/bias``: :func:`relpos.plots.bias_matrix` (the bias heatmap);
-* ``/api/attention``: :func:`relpos.plots.seed004_weights` (standard vs biased attention).
+* ``/api/attention``: :func:`relpos.plots.worked_example_weights` (standard vs biased attention).
 
 Every parameter is validated on the server: a bad value gets HTTP 400 with a readable message
 (shown on the page), a size past the page's limits HTTP 413, never a traceback, and the server
@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from .buckets import STRATEGIES, bucket_table
-from .plots import BIAS_KINDS, SEED004_TOKENS, bias_matrix, seed004_weights
+from .plots import BIAS_KINDS, DECAYS, EXAMPLE_TOKENS, bias_details, bias_matrix, example_bias, worked_example_weights
 
 __all__ = ["make_server", "serve", "MAX_BUCKETS", "MAX_LENGTH"]
 
@@ -103,14 +103,22 @@ def _api_bias(query: dict) -> dict:
     elif kind == "log_decay":
         options = {"scale": _param(query, "scale", float, 0.3)}
     causal = _param(query, "causal", bool, False)
-    matrix = bias_matrix(kind, length, causal=causal, seed=_param(query, "seed", int, 0), **options)
-    return {"kind": kind, "length": length, "causal": causal, "options": options, "matrix": matrix.tolist()}
+    seed = _param(query, "seed", int, 0)
+    matrix = bias_matrix(kind, length, causal=causal, seed=seed, **options)
+    details = bias_details(kind, length, causal=causal, seed=seed, **options)
+    return {"kind": kind, "length": length, "causal": causal and kind != "window2d", "options": options,
+            "matrix": matrix.tolist(), "details": details}
 
 
 def _api_attention(query: dict) -> dict:
     scale = _param(query, "scale", float, 0.3)
-    standard, biased = seed004_weights(scale)
-    return {"tokens": list(SEED004_TOKENS), "scale": scale, "standard": standard.tolist(), "biased": biased.tolist()}
+    decay = _param(query, "decay", str, "log")
+    if decay not in DECAYS:
+        raise BadRequest(f"decay must be one of {', '.join(DECAYS)}, got {decay!r}")
+    standard, biased = worked_example_weights(scale, decay)
+    bias = example_bias(scale, decay).materialize(len(EXAMPLE_TOKENS), len(EXAMPLE_TOKENS))[0, 0]
+    return {"tokens": list(EXAMPLE_TOKENS), "scale": scale, "decay": decay, "bias": bias.tolist(),
+            "standard": standard.tolist(), "biased": biased.tolist()}
 
 
 ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention}

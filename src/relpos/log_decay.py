@@ -1,4 +1,4 @@
-"""Seed 004's fixed logarithmic decay bias ``-scale * log(1 + |j - i|)``."""
+"""The 'The cat sat on mat' example's fixed logarithmic decay bias ``-scale * log(1 + |j - i|)``."""
 
 from __future__ import annotations
 

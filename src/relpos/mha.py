@@ -63,7 +63,7 @@ class MultiheadAttention(nn.Module):
         bias: whether the projections have biases.
         backend: attention backend (:func:`relpos.attention`).
 
-    The q, k and v projections are one fused ``qkv`` linear layer (seed 002); cross-attention
+    The q, k and v projections are one fused ``qkv`` linear layer (the Swin indexing notes); cross-attention
     applies its query rows to ``x`` and its key/value rows to ``memory``.
     ``forward`` returns ``(output, position_bias)``: the bias it used (an ``OffsetBias`` for
     relative biases), to hand to the next layer so the bias is built once per forward.
@@ -167,6 +167,14 @@ class MultiheadAttention(nn.Module):
             check_tensor("memory", memory, shape="(B, Lk, embed_dim)")
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        weight = self.qkv.weight
+        autocast = torch.is_autocast_enabled(x.device.type)  # autocast casts mixed dtypes itself
+        for name, t in (("x", x), ("memory", memory)):
+            if t is not None and ((t.dtype != weight.dtype and not autocast) or t.device != weight.device):
+                raise TypeError(
+                    f"{name} is {t.dtype} on {t.device} but this layer's weights are {weight.dtype} on {weight.device}; "
+                    "cast one to the other with .to(...)"
+                )
         if q_offset is None:
             q_offset = cache.length if cache is not None and memory is None else 0
         q, k, v = self._project(x, memory)  # (B, H, Lq, dh), (B, Hkv, L, dh) x2

@@ -25,11 +25,12 @@ from .log_decay import LogDecayBias
 from .t5 import RelativePositionalBias
 from .window_bias import RelativePositionBias
 
-__all__ = ["BIAS_KINDS", "bias_matrix", "seed004_weights", "plot_buckets", "plot_bias", "plot_attention"]
+__all__ = ["BIAS_KINDS", "DECAYS", "EXAMPLE_TOKENS", "bias_matrix", "bias_details", "example_bias", "worked_example_weights",
+           "plot_buckets", "plot_bias", "plot_attention"]
 
 BIAS_KINDS: tuple[str, ...] = ("t5", "window2d", "clipped", "alibi", "log_decay")
-SEED004_TOKENS = ("The", "cat", "sat", "on", "mat")
-SEED004_SCORES = [[0, 2, 1, 1, 1.5], [3, 0, 2, 1, 0.5], [1, 2, 2, 1, 1.5], [1, 1, 0, 2, 1], [1, 1, 1, 1, 1.5]]  # Q K^T
+EXAMPLE_TOKENS = ("The", "cat", "sat", "on", "mat")
+EXAMPLE_SCORES = [[0, 2, 1, 1, 1.5], [3, 0, 2, 1, 0.5], [1, 2, 2, 1, 1.5], [1, 1, 0, 2, 1], [1, 1, 1, 1, 1.5]]  # Q K^T
 
 
 def pyplot(*, required: bool = True):
@@ -61,11 +62,8 @@ def _check_plot_size(length: int, num_buckets: int | None = None) -> None:
         raise ValueError(f"num_buckets={num_buckets} is past the plots' limit of {MAX_PLOT_BUCKETS} colours")
 
 
-def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
-    """(L, L) bias of head 0 of ``kind`` (learned tables at their seeded initialisation).
-
-    ``window2d`` uses a square window of ``length`` positions (``length`` must be a square).
-    """
+def _bias_module(kind: str, length: int, seed: int, causal: bool, options: dict):
+    """The one-head module ``bias_matrix`` draws (learned tables at their seeded initialisation)."""
     kind = check_choice("kind", kind, BIAS_KINDS)
     length = check_int("length", length, minimum=1)
     _check_plot_size(length, options.get("num_buckets"))
@@ -74,8 +72,7 @@ def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = Fa
         side = math.isqrt(length)
         if side * side != length:
             raise ValueError(f"length must be a square number of window positions for window2d, got {length}")
-        module = RelativePositionBias(1, (side, side), init_std=1.0)
-        return module()[0].detach()
+        return RelativePositionBias(1, (side, side), init_std=1.0)
     module = {
         "t5": lambda: RelativePositionalBias(
             1, options.get("num_buckets", 32), options.get("max_distance", 128), bidirectional=not causal,
@@ -87,17 +84,64 @@ def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = Fa
     }[kind]()
     if kind == "clipped":
         torch.nn.init.normal_(module.relative_bias)
-    return module.materialize(length, length)[0, 0].detach()
+    return module
 
 
-def seed004_weights(scale: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seed 004's standard and log-decay-biased attention weights, (5, 5) each, via relpos.attention."""
+def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
+    """(L, L) bias of head 0 of ``kind`` (learned tables at their seeded initialisation).
+
+    ``window2d`` uses a square window of ``length`` positions (``length`` must be a square).
+    """
+    module = _bias_module(kind, length, seed, causal, options)
+    if isinstance(module, RelativePositionBias):
+        return module()[0].detach()  # (N, N)
+    return module.materialize(length, length)[0, 0].detach()  # (L, L)
+
+
+def bias_details(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> dict:
+    """What each cell of :func:`bias_matrix` is made of, for the explorer's hover readout.
+
+    t5: the bucket of every cell and the table (head 0); clipped: the clip distance and the table
+    (offsets ``-R .. R``); window2d: the index of every cell and the table; alibi: the slope;
+    log_decay: the scale.
+    """
+    module = _bias_module(kind, length, seed, causal, options)
+    with torch.no_grad():
+        if kind == "t5":
+            buckets = relative_position_bucket(
+                relative_positions(length, length), bidirectional=not causal, num_buckets=module.num_buckets,
+                max_distance=module.max_distance,
+            )
+            return {"buckets": buckets.tolist(), "table": module.relative_attention_bias.weight[:, 0].tolist()}
+        if kind == "clipped":
+            return {"max_distance": module.max_distance, "table": module.relative_bias[0].tolist()}
+        if kind == "window2d":
+            return {"index": module.relative_position_index.tolist(), "table": module.relative_position_bias_table[:, 0].tolist()}
+        if kind == "alibi":
+            return {"slope": float(module.slopes[0])}
+        return {"scale": module.scale}
+
+
+DECAYS: tuple[str, ...] = ("log", "linear")
+
+
+def example_bias(scale: float = 0.3, decay: str = "log"):
+    """The worked example's distance decay: ``-scale * log(1 + |j - i|)`` (log, :class:`LogDecayBias`)
+    or ``-scale * |j - i|`` (linear: a symmetric ALiBi with slope ``scale``)."""
     scale = check_positive_float("scale", scale)
-    scores = torch.tensor(SEED004_SCORES, dtype=torch.float64)
-    q = (scores * math.sqrt(5) / 2)[None, None]  # q k^T / sqrt(5) = scores / 2 (the seed's d_k = 4) with k = I
+    decay = check_choice("decay", decay, DECAYS)
+    return LogDecayBias(scale) if decay == "log" else ALiBi(1, mode="symmetric", slopes=[scale])
+
+
+def worked_example_weights(scale: float = 0.3, decay: str = "log") -> tuple[torch.Tensor, torch.Tensor]:
+    """The 'The cat sat on mat' example's standard and biased attention weights, (5, 5) each, via
+    relpos.attention; ``decay`` is the bias's shape (``log`` as in the example, or ``linear``)."""
+    bias = example_bias(scale, decay)
+    scores = torch.tensor(EXAMPLE_SCORES, dtype=torch.float64)
+    q = (scores * math.sqrt(5) / 2)[None, None]  # q k^T / sqrt(5) = scores / 2 (the example's d_k = 4) with k = I
     k = v = torch.eye(5, dtype=torch.float64)[None, None]  # identity values: the output is the weights
     standard = attention(q, k, v, backend="eager")[0, 0]
-    biased = attention(q, k, v, bias=LogDecayBias(scale), backend="eager")[0, 0]
+    biased = attention(q, k, v, bias=bias, backend="eager")[0, 0]
     return standard, biased
 
 
@@ -178,7 +222,7 @@ def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False,
 
 def plot_attention(path, *, scale: float = 0.3) -> pathlib.Path:
     plt = pyplot()
-    standard, biased = seed004_weights(scale)
+    standard, biased = worked_example_weights(scale)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.3))
     panels = [(standard, "standard attention", "viridis"), (biased, f"with -{scale} log(1 + |i - j|)", "viridis"),
               (biased - standard, "difference (biased - standard)", "RdBu_r")]
@@ -190,8 +234,8 @@ def plot_attention(path, *, scale: float = 0.3) -> pathlib.Path:
                 r, g, b, _ = im.cmap(im.norm(matrix[i, j].item()))
                 dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # text colour by the cell's luminance
                 ax.text(j, i, f"{matrix[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
-        ax.set_xticks(range(5), SEED004_TOKENS)
-        ax.set_yticks(range(5), SEED004_TOKENS)
+        ax.set_xticks(range(5), EXAMPLE_TOKENS)
+        ax.set_yticks(range(5), EXAMPLE_TOKENS)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         ax.set_title(title, fontsize=10)

@@ -1,9 +1,9 @@
 """Framework-independent references from the seeds, each tested equal to the torch path.
 
-* :func:`numpy_relative_bias_attention`: seed 004's from-scratch NumPy attention with an
+* :func:`numpy_relative_bias_attention`: the 'The cat sat on mat' example's from-scratch NumPy attention with an
   additive relative position bias (float64 throughout).
-* :func:`numpy_log_decay_bias`: seed 004's fixed bias ``-scale * log(1 + |i - j|)``.
-* :func:`t5_relative_pos`: seed 001's JAX function (jax is imported only when it is called).
+* :func:`numpy_log_decay_bias`: the 'The cat sat on mat' example's fixed bias ``-scale * log(1 + |i - j|)``.
+* :func:`t5_relative_pos`: the T5 bucketing walkthrough's JAX function (jax is imported only when it is called).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def numpy_log_decay_bias(length: int, scale: float = 0.3) -> np.ndarray:
 def numpy_relative_bias_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seed 004: ``softmax(Q K^T / sqrt(d_k) + B) V`` for one head; returns ``(weights, output)``.
+    """The 'The cat sat on mat' example: ``softmax(Q K^T / sqrt(d_k) + B) V`` for one head; returns ``(weights, output)``.
 
     ``q`` (Lq, d), ``k`` (Lk, d), ``v`` (Lk, dv), ``bias`` (Lq, Lk) or None.
     """
@@ -50,9 +50,9 @@ def numpy_relative_bias_attention(
 
 
 def t5_relative_pos(seed: int, T: int, num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True):
-    """Seed 001: the (T, T) T5 bucket matrix of ``rel[i, j] = j - i``, as float32, flattened to (T*T,).
+    """The T5 bucketing walkthrough: the (T, T) T5 bucket matrix of ``rel[i, j] = j - i``, as float32, flattened to (T*T,).
 
-    ``seed`` is unused (kept for the seed's signature). A JAX port of
+    ``seed`` is unused (kept for the walkthrough's signature). A JAX port of
     :func:`relpos.relative_position_bucket` (log strategy), jit-compatible; it gives the same
     buckets as the torch function (tested).
     """

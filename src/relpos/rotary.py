@@ -239,6 +239,8 @@ class RotaryEmbedding(nn.Module):
         check_tensor("x", x, shape="(..., L, d)")
         if not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating tensor, got {x.dtype}: rotating integers would truncate the result")
+        if self.inv_freq.device != x.device:
+            raise ValueError(f"x is on {x.device} but this RotaryEmbedding is on {self.inv_freq.device}; move it with .to(x.device)")
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
         cos, sin = self.cos_sin(positions)  # (L, d) each
         xf = x.float()

@@ -107,7 +107,7 @@ class ShawRelativePosition(nn.Module):
             check_tensor(name, t, shape="(B, H, L, d)")
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim} channels, got {q.shape[-1]} and {k.shape[-1]}")
-        attn_mask = check_attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        attn_mask = check_attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), device=q.device)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         dtype = q.dtype
         q, k, v = (t.to(accumulate_dtype(dtype)) for t in (q, k, v))  # logits and softmax in fp32 (the rule)

@@ -1,6 +1,6 @@
 """T5's bucketed relative position bias (Raffel et al., 2020).
 
-``RelativePositionalBias`` has seed 000's API and Hugging Face's parameter name
+``RelativePositionalBias`` has the T5 bias explainer's API and Hugging Face's parameter name
 (``relative_attention_bias``, an ``nn.Embedding(num_buckets, num_heads)``), so the
 weights of any T5 checkpoint's bias load as they are and give exactly what
 ``T5Attention.compute_bias`` gives. The bucket lookup runs once per distinct offset
@@ -37,7 +37,7 @@ class RelativePositionalBias(RelativeBias):
     >>> bias = RelativePositionalBias(num_heads=1, num_buckets=8, max_distance=16)
     >>> with torch.no_grad():
     ...     _ = bias.relative_attention_bias.weight.copy_(torch.arange(8.0)[:, None])
-    ...     print(bias(4, 4)[0, 0])    # weight[b] = b, so the bias shows the buckets (seed 001)
+    ...     print(bias(4, 4)[0, 0])    # weight[b] = b, so the bias shows the buckets (the T5 bucketing walkthrough)
     tensor([[0., 5., 6., 6.],
             [1., 0., 5., 6.],
             [2., 1., 0., 5.],

@@ -1,11 +1,11 @@
-"""Seed 000's T5 attention layer, cross-attention, and a T5-style stack, on :class:`MultiheadAttention`.
+"""The T5 bias explainer's T5 attention layer, cross-attention, and a T5-style stack, on :class:`MultiheadAttention`.
 
 One :class:`RelativePositionalBias` is shared by every layer (T5's layer 0 owns the table and
 hands its bias to the others); its parameters count once. Each layer returns the bias it used,
 in per-offset form, so the next layer reuses it without recomputing or materializing it.
 
 T5 does not scale logits by ``1/sqrt(d)`` (the scale is folded into its initialisation):
-``scale=1.0`` is the default here, as in transformers. Seed 000 divides by ``sqrt(d)``;
+``scale=1.0`` is the default here, as in transformers. The T5 bias explainer divides by ``sqrt(d)``;
 pass ``scale=None`` for that.
 """
 
@@ -24,7 +24,7 @@ __all__ = ["T5Attention", "T5Block", "T5Stack", "cross_attention_with_bias"]
 
 
 class T5Attention(MultiheadAttention):
-    """Multi-head attention with a (shareable) T5 relative position bias, seed 000's API.
+    """Multi-head attention with a (shareable) T5 relative position bias, the T5 bias explainer's API.
 
     Args:
         dim: model width.
@@ -271,7 +271,7 @@ def cross_attention_with_bias(
     q_offset: int = 0,
     backend: Backend = "auto",
 ) -> torch.Tensor:
-    """Seed 000's cross-attention: q ``(B, H, Lq, d)``, k/v ``(B, H, Lk, d)``, ``Lq != Lk`` allowed.
+    """The T5 bias explainer's cross-attention: q ``(B, H, Lq, d)``, k/v ``(B, H, Lk, d)``, ``Lq != Lk`` allowed.
 
     The bias is built per offset for the (Lq, Lk) pair; ``scale=None`` is ``1/sqrt(d)`` as in
     the seed.

@@ -1,7 +1,7 @@
 """Windowed relative position bias tables (Swin Transformer, Liu et al. 2021).
 
 Inside a window of ``N`` positions every (query, key) pair reads one learned scalar per
-head from a table indexed by their offset. ``RelativePositionBias`` has seed 002's API and
+head from a table indexed by their offset. ``RelativePositionBias`` has the Swin indexing notes' API and
 Swin's parameter and buffer names (``relative_position_bias_table``,
 ``relative_position_index``), so Swin weights load as they are. The index follows Swin's
 ``query - key`` convention; see :mod:`relpos.windows` for both conventions.
@@ -117,7 +117,7 @@ class RelativePositionBias(_WindowBias):
 
 
 class FactorizedRelativePositionBias(_WindowBias):
-    """Seed 003's factorized 2D bias ``b[h, p, r] = b_h[dh] + b_w[dw]`` (``d = p - r``).
+    """The relative-vs-absolute tutorial's factorized 2D bias ``b[h, p, r] = b_h[dh] + b_w[dw]`` (``d = p - r``).
 
     ``(2Wh - 1) + (2Ww - 1)`` parameters per head instead of ``(2Wh - 1)(2Ww - 1)``;
     the bias of a pair is the sum of a row-offset and a column-offset term.

@@ -67,7 +67,7 @@ def window_relative_position_index(
     (N = Wh * Ww). With Swin's convention the index of (query p, key r) is
     ``(dh + Wh - 1) * (2 * Ww - 1) + (dw + Ww - 1)`` with ``d = p - r``.
 
-    >>> window_relative_position_index(4)      # seed 002, 1D
+    >>> window_relative_position_index(4)      # the Swin indexing notes, 1D
     tensor([[3, 2, 1, 0],
             [4, 3, 2, 1],
             [5, 4, 3, 2],
