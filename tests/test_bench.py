@@ -25,4 +25,8 @@ def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
     assert main(["bench", "--lengths", "32", "--batches", "1", "--modes", "build,decode", "--rounds", "1",
                  "--json", str(out_json), "--markdown", str(out_md)]) == 0
     assert json.loads(out_json.read_text())["results"]
-    assert "### build" in out_md.read_text() and "machine:" in capsys.readouterr().out
+    markdown = out_md.read_text()
+    assert "### build" in markdown and "machine:" in capsys.readouterr().out
+    # a short run's targets table says at which length it measured, and that the goals are for 4096
+    assert "| target, measured at L=32 | measured | goal (set for L=4096) |" in markdown
+    assert "Measured at L=32, not 4096" in markdown

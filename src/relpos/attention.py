@@ -48,8 +48,8 @@ def resolve_bias(
     bias: BiasLike, query_length: int, key_length: int, *, num_heads: int, q_offset: int = 0, device=None
 ) -> OffsetBias | torch.Tensor | None:
     """Turn any accepted ``bias`` into an :class:`OffsetBias`, a dense tensor, or ``None``."""
-    query_length = check_int("query_length", query_length, minimum=1)
-    key_length = check_int("key_length", key_length, minimum=1)
+    query_length = check_int("query_length", query_length, minimum=0)  # 0: an empty call (zeros)
+    key_length = check_int("key_length", key_length, minimum=0)
     num_heads = check_int("num_heads", num_heads, minimum=1)
     q_offset = check_int("q_offset", q_offset, minimum=0)
     device = check_device("device", device)
