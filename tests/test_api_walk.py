@@ -51,7 +51,8 @@ VALID = {
 }
 
 # not callables with arguments to probe: constants, abstract bases, plain records
-NOT_PROBED = {"__version__", "STRATEGIES", "AdditiveBias", "RelativeBias", "BackendChoice", "BucketRange", "KVCache"}
+NOT_PROBED = {"__version__", "STRATEGIES", "AdditiveBias", "RelativeBias", "BackendChoice", "BucketRange", "KVCache",
+              "T5RelativeBias", "WindowRelativeBias"}  # aliases: the classes are probed under their names
 
 # arguments whose bad value has a different meaning (documented), with the reason
 EXEMPT = {

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from relpos.bench import BenchConfig, markdown_tables, ratio_summary, run_bench
 from relpos.cli import main
 
@@ -30,3 +32,16 @@ def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
     # a short run's targets table says at which length it measured, and that the goals are for 4096
     assert "| target, measured at L=32 | measured | goal (set for L=4096) |" in markdown
     assert "Measured at L=32, not 4096" in markdown
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["--lengths", "1000000"], "--lengths must be integers from 1 to 32768"),
+    (["--lengths", "0"], "--lengths must be integers from 1 to 32768"),
+    (["--lengths", "a,b"], "--lengths must be comma-separated integers"),
+    (["--batches", "1000"], "--batches must be integers from 1 to 64"),
+    (["--rounds", "0"], "--rounds must be from 1 to 100"),
+])
+def test_bench_sizes_are_bounded_before_any_work(capsys, argv, phrase):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2 and phrase in capsys.readouterr().err

@@ -68,3 +68,12 @@ def test_every_relative_bias_is_callable_like_compute_bias(make):
     assert torch.equal(bias(1, 7, q_offset=6), bias.materialize(1, 7, q_offset=6))
     with pytest.raises(TypeError):
         bias(5, 7, 2)  # an offset given positionally is refused
+
+
+def test_t5_and_window_biases_have_unmistakable_aliases():
+    import relpos
+
+    assert relpos.T5RelativeBias is relpos.RelativePositionalBias
+    assert relpos.WindowRelativeBias is relpos.RelativePositionBias
+    assert "Not to be confused" in relpos.RelativePositionalBias.__doc__ and "Swin" in relpos.RelativePositionalBias.__doc__
+    assert "Not to be confused" in relpos.RelativePositionBias.__doc__ and "T5" in relpos.RelativePositionBias.__doc__

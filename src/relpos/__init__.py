@@ -26,6 +26,11 @@ from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
 from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
 from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
+
+# Unmistakable names for the two tables whose usual names differ by two letters:
+# RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
+T5RelativeBias = RelativePositionalBias
+WindowRelativeBias = RelativePositionBias
 from .windows import table_size, window_coords, window_relative_position_index
 
 __version__ = "0.1.0"
@@ -47,6 +52,8 @@ __all__ = [
     "RelativeBias",
     "RelativePositionBias",
     "RelativePositionalBias",
+    "T5RelativeBias",
+    "WindowRelativeBias",
     "RotaryEmbedding",
     "ShawRelativePosition",
     "SinusoidalPositionEmbedding",

@@ -439,10 +439,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--markdown", help="write the tables here")
 
 
+MAX_BENCH_LENGTH, MAX_BENCH_BATCH, MAX_BENCH_ROUNDS = 32768, 64, 100  # transformers' eager T5 at L=32768 is 4 GiB per head
+
+
+def _sizes(option: str, text: str, largest: int) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1 or max(values) > largest:
+        raise ValueError(f"{option} must be integers from 1 to {largest}, got {text!r}")
+    return values
+
+
 def run_from_args(args) -> int:
+    if not 1 <= args.rounds <= MAX_BENCH_ROUNDS:
+        raise ValueError(f"--rounds must be from 1 to {MAX_BENCH_ROUNDS}, got {args.rounds}")
     config = BenchConfig(
-        lengths=tuple(int(x) for x in args.lengths.split(",")),
-        batches=tuple(int(x) for x in args.batches.split(",")),
+        lengths=_sizes("--lengths", args.lengths, MAX_BENCH_LENGTH),
+        batches=_sizes("--batches", args.batches, MAX_BENCH_BATCH),
         modes=tuple(args.modes.split(",")),
         rounds=args.rounds,
         flex=not args.no_flex,

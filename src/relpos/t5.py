@@ -22,7 +22,11 @@ __all__ = ["RelativePositionalBias"]
 
 
 class RelativePositionalBias(RelativeBias):
-    """Learned bias per (bucket, head), buckets from :func:`relpos.relative_position_bucket`.
+    """T5's learned bias per (bucket, head), buckets from :func:`relpos.relative_position_bucket`.
+
+    Also available as ``relpos.T5RelativeBias``. Not to be confused with
+    :class:`relpos.RelativePositionBias` (alias ``relpos.WindowRelativeBias``), Swin's table over
+    the offsets inside one window.
 
     Args:
         num_heads: attention heads; one bias column each.

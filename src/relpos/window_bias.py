@@ -47,7 +47,11 @@ class _WindowBias(AdditiveBias):
 
 
 class RelativePositionBias(_WindowBias):
-    """Learned ``(table_size, H)`` bias table over a 1D or 2D window.
+    """Swin's learned ``(table_size, H)`` bias table over a 1D or 2D window.
+
+    Also available as ``relpos.WindowRelativeBias``. Not to be confused with
+    :class:`relpos.RelativePositionalBias` (alias ``relpos.T5RelativeBias``), T5's bucketed bias
+    over any length.
 
     Args:
         num_heads: heads, one table column each.
