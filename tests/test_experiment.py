@@ -189,9 +189,13 @@ def _smoke(tmp_path, **changes):
 
 
 def test_resume_adds_seeds_and_keeps_finished_ones(tmp_path):
-    first = ex.run(_smoke(tmp_path, seeds=(0,)))
-    both = ex.run(_smoke(tmp_path, seeds=(0, 1), resume=True))
+    first = ex.run(_smoke(tmp_path, seeds=(0,), rope_scalings=("yarn",)))  # ALiBi only, one seed
+    both = ex.run(_smoke(tmp_path, seeds=(0, 1), resume=True, encodings=("alibi", "rope"), rope_scalings=("yarn",)))
     assert both["runs"]["alibi"]["0"] == json.loads(json.dumps(first["runs"]["alibi"]["0"]))  # reused, not retrained
+    assert list(both["runs"]) == ["alibi", "rope", "rope + yarn"]  # a model added on resume, with its scaling row
+    assert set(both["runs"]["rope"]) == set(both["runs"]["rope + yarn"]) == {"0", "1"}
+    again = ex.run(_smoke(tmp_path, seeds=(0, 1), resume=True, encodings=("alibi", "rope"), rope_scalings=("yarn",)))
+    assert again["runs"] == json.loads(json.dumps(both["runs"]))  # everything finished: all reused
     fresh = ex.run(_smoke(tmp_path / "fresh", seeds=(0, 1)))
     for seed in ("0", "1"):
         for n, e in fresh["runs"]["alibi"][seed]["eval"].items():

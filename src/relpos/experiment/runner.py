@@ -291,7 +291,7 @@ def run(config: RunConfig) -> dict:
             done = previous.get(name, {}).get(key)
             if done is not None and done.get("eval") is not None:
                 report["runs"].setdefault(name, {})[key] = done  # finished in an earlier run
-                for kind in scalings:
+                for kind in scalings if lm_config.encoding == "rope" else ():
                     report["runs"].setdefault(f"rope + {kind}", {})[key] = previous[f"rope + {kind}"][key]
                 progress.step(f"{name} seed {seed}: done earlier", per_model)
                 continue
