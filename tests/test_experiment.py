@@ -82,6 +82,9 @@ def test_reciprocal_rank_and_mrr():
     r = ranking({"t1": report({"x": 0.8, "y": 0.2, "z": None}), "t2": report({"x": 0.1, "y": 0.6, "z": 0.0})})
     assert r["tasks"]["t1"]["accuracy"] == {"x": 0.8, "y": 0.2, "z": 0.0}  # n/a counts as no correct answer
     assert r["mrr"] == {"x": pytest.approx(0.75), "y": pytest.approx(0.75), "z": pytest.approx(1 / 3)}
+    flat = ranking({"t1": report({"x": 0.8, "y": 0.2, "z": None}), "t3": report({"x": 0.0, "y": 0.0, "z": 0.0})})
+    assert flat["uninformative"] == ["t3"]  # all tied: it ranks nothing and is left out of the mean
+    assert flat["mrr"] == {"x": 1.0, "y": 0.5, "z": pytest.approx(1 / 3)}
 
 
 # --- the algorithmic tasks ------------------------------------------------------------------

@@ -218,14 +218,21 @@ def reciprocal_ranks(scores: dict[str, float]) -> dict[str, float]:
 
 
 def ranking(reports: dict[str, dict], models: list[str] | None = None) -> dict:
-    """Per task, accuracy past the training lengths and its reciprocal rank; the mean over tasks."""
+    """Per task, accuracy past the training lengths and its reciprocal rank; the mean over tasks.
+
+    A task on which every model scores the same (all 0, say) ranks nothing: it is listed under
+    ``uninformative`` and left out of the mean, rather than giving every model rank 1.
+    """
     names = models or [n for n in next(iter(reports.values()))["summary"]]
-    per_task = {}
+    per_task, uninformative = {}, []
     for task, report in reports.items():
         scores = {n: _beyond_training(report, n) for n in names if n in report["summary"]}
         per_task[task] = {"accuracy": scores, "reciprocal_rank": reciprocal_ranks(scores)}
-    mrr = {n: sum(t["reciprocal_rank"][n] for t in per_task.values() if n in t["reciprocal_rank"]) / len(per_task) for n in names}
-    return {"tasks": per_task, "mrr": mrr}
+        if len(set(scores.values())) <= 1:
+            uninformative.append(task)
+    counted = [t for t in per_task if t not in uninformative]
+    mrr = {n: sum(per_task[t]["reciprocal_rank"][n] for t in counted) / len(counted) if counted else None for n in names}
+    return {"tasks": per_task, "mrr": mrr, "uninformative": uninformative}
 
 
 def ranking_markdown(reports: dict[str, dict]) -> str:
@@ -235,9 +242,11 @@ def ranking_markdown(reports: dict[str, dict]) -> str:
     tasks = list(reports)
     lines = ["| model | " + " | ".join(f"{t} (past training)" for t in tasks) + " | MRR, all models | MRR, the paper's five | paper's MRR |",
              "|---|" + "---|" * (len(tasks) + 3)]
-    for name in sorted(everyone["mrr"], key=lambda n: -everyone["mrr"][n]):
+    number = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+    for name in sorted(everyone["mrr"], key=lambda n: -(everyone["mrr"][n] or 0)):
         accs = " | ".join(f"{100 * everyone['tasks'][t]['accuracy'][name]:.1f}%" for t in tasks)
-        mrr5 = f"{five['mrr'][name]:.2f}" if name in five["mrr"] else ""
         paper = f"{KAZEMNEJAD_MRR[name]:.2f}" if name in KAZEMNEJAD_MRR else ""
-        lines.append(f"| {describe(name)} | {accs} | {everyone['mrr'][name]:.2f} | {mrr5} | {paper} |")
+        lines.append(f"| {describe(name)} | {accs} | {number(everyone['mrr'][name])} | {number(five['mrr'].get(name))} | {paper} |")
+    if everyone["uninformative"]:
+        lines += ["", f"Left out of the MRR: {', '.join(everyone['uninformative'])} (every model scores the same there)."]
     return "\n".join(lines)
