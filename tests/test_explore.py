@@ -51,6 +51,7 @@ def test_bias_and_attention_endpoints_are_relpos(base_url):
     standard, linear = plots.worked_example_weights(0.5, "linear")
     assert status == 200 and torch.allclose(torch.tensor(data["biased"], dtype=torch.float64), linear)
     assert torch.allclose(torch.tensor(data["bias"]), -0.5 * relpos.relative_positions(5, 5).abs().float())
+    assert torch.allclose(torch.tensor(data["difference"], dtype=torch.float64), linear - standard)
     status, data = get(base_url + "/api/attention?scale=0.5")
     standard, biased = plots.worked_example_weights(0.5)
     assert status == 200 and torch.allclose(torch.tensor(data["biased"], dtype=torch.float64), biased)

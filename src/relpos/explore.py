@@ -118,7 +118,7 @@ def _api_attention(query: dict) -> dict:
     standard, biased = worked_example_weights(scale, decay)
     bias = example_bias(scale, decay).materialize(len(EXAMPLE_TOKENS), len(EXAMPLE_TOKENS))[0, 0]
     return {"tokens": list(EXAMPLE_TOKENS), "scale": scale, "decay": decay, "bias": bias.tolist(),
-            "standard": standard.tolist(), "biased": biased.tolist()}
+            "standard": standard.tolist(), "biased": biased.tolist(), "difference": (biased - standard).tolist()}
 
 
 ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention}

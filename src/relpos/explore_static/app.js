@@ -312,9 +312,8 @@ function renderAttention() {
   const wmax = wmaxOf(data);  // one colour scale for both maps
   heatTable("standard-table", data.tokens, data.standard, (v) => sequential(v / wmax), q);
   heatTable("biased-table", data.tokens, data.biased, (v) => sequential(v / wmax), q);
-  const diff = data.biased.map((row, i) => row.map((v, j) => v - data.standard[i][j]));
-  const limit = Math.max(...diff.flat().map(Math.abs), 1e-12);
-  heatTable("difference-table", data.tokens, diff, (v) => diverging(v, limit), q);
+  const limit = Math.max(...data.difference.flat().map(Math.abs), 1e-12);
+  heatTable("difference-table", data.tokens, data.difference, (v) => diverging(v, limit), q);
   drawRow(data, q);
   const shape = data.decay === "log" ? `\u2212${data.scale}\u00b7log(1 + |j \u2212 i|)` : `\u2212${data.scale}\u00b7|j \u2212 i|`;
   const far = data.bias[q].map((b, j) => [b, j]).sort((a, b) => a[0] - b[0])[0];
