@@ -163,6 +163,16 @@ def _check_bias_view(page):
     bucket = int(relpos.relative_position_bucket(torch.tensor(j - i), num_buckets=32, max_distance=128))
     assert page.text_content("#bias-hover") == (
         f"query 20, key 3: j \u2212 i = -17 \u2192 bucket {bucket} \u2192 table[{bucket}] = {matrix[i, j].item():.4f}")
+    page.fill("#bias-max-distance", "20")  # T5's own options: a short max_distance saturates early
+    page.wait_for_function("document.querySelector('#bias-hover').textContent.startsWith('Hover')")
+    page.mouse.move(box["x"] + box["width"] * (46 + 440 * (j + 0.5) / 24) / 620,
+                    box["y"] + box["height"] * (16 + 440 * (i + 0.5) / 24) / 520)
+    page.wait_for_function("document.querySelector('#bias-hover').textContent.startsWith('query 20, key 3')")
+    bucket = int(relpos.relative_position_bucket(torch.tensor(j - i), num_buckets=32, max_distance=20))
+    assert f"bucket {bucket} " in page.text_content("#bias-hover")
+    page.select_option("#bias-kind", "alibi")  # options it does not take are hidden
+    assert page.is_hidden("#bias-num-buckets") and page.is_hidden("#bias-max-distance")
+    page.select_option("#bias-kind", "t5")
     page.check("#bias-causal")
     page.wait_for_function("document.querySelector('#bias-legend').textContent.includes('Grey cells')")
     page.fill("#bias-length", "500")

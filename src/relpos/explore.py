@@ -100,6 +100,8 @@ def _api_bias(query: dict) -> dict:
     options = {}
     if kind == "t5":
         options = {"num_buckets": _buckets(query), "max_distance": _param(query, "max_distance", int, 128)}
+    elif kind == "clipped":
+        options = {"max_distance": _param(query, "max_distance", int, 8)}
     elif kind == "log_decay":
         options = {"scale": _param(query, "scale", float, 0.3)}
     causal = _param(query, "causal", bool, False)

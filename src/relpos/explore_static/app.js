@@ -234,9 +234,25 @@ const LEGENDS = {
   log_decay: "A fixed penalty that grows with the log of the distance.",
 };
 
+// the options an encoding takes; the others are hidden (and not sent)
+function biasParams() {
+  const form = document.getElementById("bias-form"), kind = form.elements.kind.value;
+  for (const label of form.querySelectorAll("label.for-t5, label.for-clipped"))
+    label.hidden = !label.classList.contains(`for-${kind}`);
+  const maxDistance = form.elements.max_distance;
+  if (kind !== maxDistance.dataset.kind) {  // each encoding's own default: T5 128, clipped 8
+    maxDistance.value = kind === "clipped" ? 8 : 128;
+    maxDistance.dataset.kind = kind;
+  }
+  const params = formParams(form);
+  if (kind !== "t5") delete params.num_buckets;
+  if (kind !== "t5" && kind !== "clipped") delete params.max_distance;
+  return params;
+}
+
 async function updateBias() {
   try {
-    const data = await getLatest("bias", "/api/bias", formParams(document.getElementById("bias-form")));
+    const data = await getLatest("bias", "/api/bias", biasParams());
     if (data === null) return;
     showError("bias", "");
     bias = data;
