@@ -211,6 +211,17 @@ function drawBias(data) {
   ctx.save(); ctx.translate(bx + HEAT.bar + 62, HEAT.t + HEAT.size / 2); ctx.rotate(-Math.PI / 2);
   ctx.textAlign = "center"; ctx.fillText("bias added to the logit", 0, 0); ctx.restore();
   canvas.dataset.n = n;
+  biasImage = ctx.getImageData(0, 0, canvas.width, canvas.height);  // redrawn under the hover outline
+}
+let biasImage = null;
+
+function outlineCell(i, j) {
+  const canvas = document.getElementById("bias-canvas"), ctx = canvas.getContext("2d");
+  const cell = HEAT.size / bias.matrix.length;
+  ctx.putImageData(biasImage, 0, 0);
+  ctx.strokeStyle = "#111"; ctx.lineWidth = 2;
+  ctx.strokeRect(HEAT.l + j * cell, HEAT.t + i * cell, cell, cell);
+  ctx.lineWidth = 1;
 }
 
 function explainCell(data, i, j) {
@@ -267,7 +278,10 @@ document.getElementById("bias-canvas").addEventListener("mousemove", (event) => 
   const canvas = event.target, rect = canvas.getBoundingClientRect();
   const px = ((event.clientX - rect.left) / rect.width) * canvas.width, py = ((event.clientY - rect.top) / rect.height) * canvas.height;
   const n = bias.matrix.length, j = Math.floor(((px - HEAT.l) / HEAT.size) * n), i = Math.floor(((py - HEAT.t) / HEAT.size) * n);
-  if (i >= 0 && j >= 0 && i < n && j < n) document.getElementById("bias-hover").textContent = explainCell(bias, i, j);
+  if (i >= 0 && j >= 0 && i < n && j < n) {
+    document.getElementById("bias-hover").textContent = explainCell(bias, i, j);
+    outlineCell(i, j);
+  }
 });
 
 // --- view 3: standard vs biased attention -------------------------------------------------------
