@@ -19,7 +19,7 @@ import pathlib
 import platform
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -94,7 +94,6 @@ class RunConfig:
     plot: bool = True
     progress: bool = True
     preset: str = "default"
-    extra: dict = field(default_factory=dict)
 
 
 # what a result depends on: resuming with any of it changed is refused
