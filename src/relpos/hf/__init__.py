@@ -1,9 +1,13 @@
-"""relpos inside Hugging Face transformers: :func:`accelerate` switches a T5-family model to relpos attention.
+"""relpos inside Hugging Face transformers: :func:`accelerate` switches a model to relpos attention.
 
 transformers is an optional dependency: ``pip install "relpos[hf]"``. Nothing here is imported by
-``import relpos``.
+``import relpos``. Each supported family is one adapter module that registers a
+:class:`~relpos.hf._family.Family` in the table :data:`FAMILIES` (importing it here registers it).
 """
 
-from .t5 import SUPPORTED_MODEL_TYPES, accelerate, is_accelerated, restore
+from . import t5  # noqa: F401  (registers the T5 family)
+from ._family import FAMILIES, Family, find_family
+from .api import accelerate, is_accelerated, restore
+from .t5 import SUPPORTED_MODEL_TYPES
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "accelerate", "is_accelerated", "restore"]
+__all__ = ["FAMILIES", "Family", "SUPPORTED_MODEL_TYPES", "accelerate", "find_family", "is_accelerated", "restore"]

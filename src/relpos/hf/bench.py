@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .._io import write_text
 from .._progress import Progress
 from ..bench import _timed_rounds
-from .t5 import accelerate
+from .api import accelerate
 
 __all__ = ["ModelBenchConfig", "run_model_bench", "markdown"]
 

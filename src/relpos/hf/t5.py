@@ -29,13 +29,13 @@ from torch import nn
 from ..attention import attention
 from ..bias import OffsetBias
 from ..buckets import relative_offsets, relative_position_bucket
+from ._family import Family, register
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "accelerate", "is_accelerated", "restore", "relpos_attention_forward"]
+__all__ = ["FAMILY", "SUPPORTED_MODEL_TYPES", "relpos_attention_forward"]
 
 NAME = "relpos"
 #: config.model_type -> the attention class of that family (all share T5Attention's interface)
 SUPPORTED_MODEL_TYPES = {"t5": "T5Attention", "mt5": "MT5Attention", "umt5": "UMT5Attention"}
-_STATE = "_relpos_accelerated"  # attribute on an accelerated model: what to restore
 
 
 def _transformers():
@@ -148,52 +148,34 @@ def _check_fits(module: nn.Module) -> None:
         )
 
 
-def is_accelerated(model: nn.Module) -> bool:
-    return hasattr(model, _STATE)
-
-
-def accelerate(model: nn.Module) -> nn.Module:
-    """Switch a transformers T5, mT5 or UMT5 model to relpos attention, in place, and return it.
-
-    Covers every model class of those families (``*ForConditionalGeneration``, ``*Model``,
-    ``*EncoderModel``, and the task heads), since they share one attention module per family.
-    Outputs, losses and gradients equal transformers' (tests/test_hf.py); the bias is built per
-    offset, attention never holds ``(B, H, Lq, Lk)``, padding and the decoder's causal mask are
-    skipped, not masked. Calling it twice is a no-op. Undo with :func:`restore`.
-    """
-    _, _, _, _, PreTrainedModel = _transformers()
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if not isinstance(model, PreTrainedModel) or model_type not in SUPPORTED_MODEL_TYPES:
-        raise TypeError(
-            f"relpos.hf.accelerate supports transformers models of the T5 family "
-            f"(config.model_type in {sorted(SUPPORTED_MODEL_TYPES)}: T5, FLAN-T5, ByT5, mT5, UMT5 and their task "
-            f"heads); got {type(model).__name__}"
-            + (f" with model_type={model_type!r}" if model_type else "")
-            + ". LongT5 and SwitchTransformers keep their own attention code and are not supported."
-        )
-    if is_accelerated(model):
-        return model
-    modules = _attention_modules(model, SUPPORTED_MODEL_TYPES[model_type])
-    if not modules:
-        raise TypeError(f"{type(model).__name__} has no {SUPPORTED_MODEL_TYPES[model_type]} module to accelerate")
-    _check_fits(modules[0])
+def _apply(model: nn.Module, modules: list[nn.Module]):
+    """Per-offset ``compute_bias`` on the modules that own a table, and the ``"relpos"`` attention."""
     _register()
     previous = model.config._attn_implementation
     owners = [m for m in modules if m.has_relative_attention_bias]
     for module in owners:
         module.compute_bias = types.MethodType(_compute_offsets, module)  # instance attribute: this model only
+
+    def undo() -> None:
+        for module in owners:
+            del module.compute_bias  # the class's method shows through again
+        model.set_attn_implementation(previous)
+
     model.set_attn_implementation(NAME)
-    setattr(model, _STATE, {"previous": previous, "owners": owners})
-    return model
+    return undo
 
 
-def restore(model: nn.Module) -> nn.Module:
-    """Undo :func:`accelerate`: transformers' ``compute_bias`` and the previous attention implementation."""
-    state = getattr(model, _STATE, None)
-    if state is None:
-        raise ValueError(f"{type(model).__name__} was not accelerated by relpos.hf.accelerate; nothing to restore")
-    for module in state["owners"]:
-        del module.compute_bias  # the class's method shows through again
-    model.set_attn_implementation(state["previous"])
-    delattr(model, _STATE)
-    return model
+def _check(modules: list[nn.Module]) -> None:
+    _check_fits(modules[0])
+
+
+FAMILY = register(
+    Family(
+        name="t5",
+        title="T5, FLAN-T5, ByT5, mT5, UMT5",
+        model_types=tuple(SUPPORTED_MODEL_TYPES),
+        attention_classes=tuple(SUPPORTED_MODEL_TYPES.values()),
+        check=_check,
+        apply=_apply,
+    )
+)
