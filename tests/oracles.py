@@ -45,19 +45,23 @@ def _window_pairs(window_size: tuple[int, ...]) -> torch.Tensor:
     return coords[:, :, None] - coords[:, None, :]  # (ndim, N, N)
 
 
-def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *, slopes=None) -> torch.Tensor:
-    """(1, H, Lq, Lk) fp64 bias of ``module`` rebuilt from its parameters and the paper's formula."""
+def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *, slopes=None, grad=False) -> torch.Tensor:
+    """(1, H, Lq, Lk) fp64 bias of ``module`` rebuilt from its parameters and the paper's formula.
+
+    ``grad=True`` keeps the parameters in the graph (a reference gradient for the table).
+    """
+    param = (lambda t: t.double()) if grad else (lambda t: t.detach().double())  # noqa: E731
     rel = offsets(query_length, key_length, q_offset)  # (Lq, Lk)
     if isinstance(module, relpos.RelativePositionalBias):
         assert module.strategy == "log", "the oracle knows T5's log buckets"
         buckets = relpos.t5_bucket(
             rel, bidirectional=module.bidirectional, num_buckets=module.num_buckets, max_distance=module.max_distance
         )  # (Lq, Lk)
-        table = module.relative_attention_bias.weight.detach().double()  # (buckets, H)
+        table = param(module.relative_attention_bias.weight)  # (buckets, H)
         return table[buckets].permute(2, 0, 1)[None]  # (1, H, Lq, Lk)
     if isinstance(module, relpos.ClippedRelativeBias):
         r = module.max_distance
-        table = module.relative_bias.detach().double()  # (H, 2R + 1), column c = offset c - R
+        table = param(module.relative_bias)  # (H, 2R + 1), column c = offset c - R
         return table[:, rel.clamp(-r, r) + r][None]  # (1, H, Lq, Lk)
     if isinstance(module, relpos.ALiBi):
         s = paper_slopes(module.num_heads) if slopes is None else torch.tensor(slopes, dtype=torch.float64)
@@ -74,13 +78,13 @@ def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *
         else:
             wh, ww = module.window_size
             index = (d[0] + wh - 1) * (2 * ww - 1) + (d[1] + ww - 1)  # (N, N)
-        table = module.relative_position_bias_table.detach().double()  # (table_size, H)
+        table = param(module.relative_position_bias_table)  # (table_size, H)
         return table[index].permute(2, 0, 1)[None]  # (1, H, N, N)
     if isinstance(module, relpos.FactorizedRelativePositionBias):
         d = _window_pairs(module.window_size)  # (2, N, N)
         wh, ww = module.window_size
-        h = module.height_bias_table.detach().double()[d[0] + wh - 1]  # (N, N, H)
-        w = module.width_bias_table.detach().double()[d[1] + ww - 1]  # (N, N, H)
+        h = param(module.height_bias_table)[d[0] + wh - 1]  # (N, N, H)
+        w = param(module.width_bias_table)[d[1] + ww - 1]  # (N, N, H)
         return (h + w).permute(2, 0, 1)[None]  # (1, H, N, N)
     raise TypeError(f"no oracle for {type(module).__name__}: add its formula to tests/oracles.py")
 
@@ -138,5 +142,5 @@ def assert_bias_matters(with_bias: torch.Tensor, without_bias: torch.Tensor, tol
 
     A test whose bias changes the output by less than its tolerance would pass with the bias dropped.
     """
-    moved = float((with_bias.double() - without_bias.double()).abs().max())
+    moved = float((with_bias.detach().double() - without_bias.detach().double()).abs().max())
     assert moved > factor * tol, f"the bias moves the result by only {moved:.3g}; tolerance {tol:.3g} x {factor}"
