@@ -6,6 +6,9 @@ import torch
 import relpos
 from relpos import KVCache, MultiheadAttention, T5Stack
 
+from oracles import assert_bias_matters
+from test_mha_matrix import oracle
+
 
 def encodings(heads=4, head_dim=8):
     return {
@@ -51,23 +54,33 @@ def test_every_encoding_trains(name):
 
 
 def test_cross_attention_and_shared_bias():
-    shared = relpos.RelativePositionalBias(4)
+    torch.manual_seed(0)
+    shared = relpos.RelativePositionalBias(4, init_std=1.5)
     a = MultiheadAttention(32, 4, position=shared)
     b = MultiheadAttention(32, 4, position=shared)
     x, memory = torch.randn(2, 5, 32), torch.randn(2, 12, 32)
     out, ob = a(x, memory=memory)
-    assert out.shape == (2, 5, 32) and (ob.query_length, ob.key_length) == (5, 12)
+    assert (ob.query_length, ob.key_length) == (5, 12)
+    expected = oracle(a, x, memory)  # fp64, bias from the table at explicit j - i, queries at 0.., keys at 0..
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(a, x, memory, with_position=False), 1e-5)
     out2, same = b(x, memory=memory, position_bias=ob)
     assert same is ob
+    assert torch.allclose(out2.double(), oracle(b, x, memory), atol=1e-5)  # the handed-on bias is b's own
     assert sum(p.numel() for p in torch.nn.ModuleList([a, b]).parameters()) == 2 * (32 * 96 + 32 * 32) + 32 * 4
 
 
 def test_rope_cross_attention_positions_start_at_zero():
+    torch.manual_seed(0)
     rope = relpos.RotaryEmbedding(8)
     layer = MultiheadAttention(32, 4, position=rope)
     x, memory = torch.randn(1, 3, 32), torch.randn(1, 7, 32)
     out, _ = layer(x, memory=memory)
-    assert out.shape == (1, 3, 32)
+    expected = oracle(layer, x, memory)  # queries rotated at 0, 1, 2 and keys at 0 .. 6
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(layer, x, memory, with_position=False), 1e-5)
+    shifted = oracle(layer, x, memory, q_offset=4)  # queries placed after the memory would differ
+    assert (shifted - expected).abs().max() > 1e-3
 
 
 def test_bad_construction():

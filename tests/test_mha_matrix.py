@@ -93,15 +93,16 @@ def _shaw_terms(shaw, q, lk, q_offset):
 
 def oracle(layer, x, memory=None, *, q_offset=0, keep=None, drop=None, with_position=True):
     """fp64 forward of ``layer`` from its weights; ``x`` queries at ``q_offset ..``, keys at 0 .. Lk - 1."""
+    heads, kv_heads, dh = layer.num_heads, layer.num_kv_heads, layer.head_dim
     w = layer.qkv.weight.detach().double()  # (H*dh + 2*Hkv*dh, E)
-    qw, kvw = w[: H * DH], w[H * DH :]
+    qw, kvw = w[: heads * dh], w[heads * dh :]
     src = x if memory is None else memory
-    q = (x.double() @ qw.T).unflatten(-1, (H, DH)).transpose(1, 2)  # (B, H, Lq, dh)
+    q = (x.double() @ qw.T).unflatten(-1, (heads, dh)).transpose(1, 2)  # (B, H, Lq, dh)
     k, v = (src.double() @ kvw.T).chunk(2, -1)
-    k, v = (t.unflatten(-1, (HKV, DH)).transpose(1, 2) for t in (k, v))  # (B, Hkv, Lk, dh)
+    k, v = (t.unflatten(-1, (kv_heads, dh)).transpose(1, 2) for t in (k, v))  # (B, Hkv, Lk, dh)
     lq, lk = q.shape[2], k.shape[2]
     position = layer.position if with_position else None
-    scale = 1 / math.sqrt(DH)
+    scale = 1 / math.sqrt(dh)
     bias, a_v = None, None
     if isinstance(position, relpos.RotaryEmbedding):
         q, k = _rotate(q, torch.arange(lq) + q_offset, position), _rotate(k, torch.arange(lk), position)
@@ -114,9 +115,9 @@ def oracle(layer, x, memory=None, *, q_offset=0, keep=None, drop=None, with_posi
     if a_v is None:
         out = attend(q, k, v, bias, causal=causal, keep=keep, q_offset=q_offset, drop=drop, p=layer.dropout)
     else:  # Shaw's value term: the same (dropped) weights also mix a^V; recover them with an identity "value"
-        eye = torch.eye(lk, dtype=torch.float64).expand(q.shape[0], HKV, lk, lk)  # (B, Hkv, Lk, Lk)
+        eye = torch.eye(lk, dtype=torch.float64).expand(q.shape[0], kv_heads, lk, lk)  # (B, Hkv, Lk, Lk)
         weights = attend(q, k, eye, bias, causal=causal, keep=keep, q_offset=q_offset, drop=drop, p=layer.dropout)
-        out = weights @ v.repeat_interleave(H // HKV, 1) + torch.einsum("bhij,ijd->bhid", weights, a_v)
+        out = weights @ v.repeat_interleave(heads // kv_heads, 1) + torch.einsum("bhij,ijd->bhid", weights, a_v)
     out = out.transpose(1, 2).flatten(-2)  # (B, Lq, H*dh)
     return out @ layer.out.weight.detach().double().T  # (B, Lq, E)
 
