@@ -138,10 +138,17 @@ def test_auto_trains_through_fused_without_dense_memory(monkeypatch):
 
     real = attention_module.fused_attention
     monkeypatch.setattr(attention_module, "fused_attention", lambda *a: calls.append(1) or real(*a))
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.0)
     q, k, v = qkv(lq=512, lk=512, grad=True)
-    attention(q, k, v, bias=bias).sum().backward()
-    assert calls and bias.relative_attention_bias.weight.grad is not None
+    weights = torch.randn(2, 4, 512, 8)
+    (attention(q, k, v, bias=bias) * weights).sum().backward()
+    assert calls
+    got = [t.grad.clone() for t in (q, k, v, bias.relative_attention_bias.weight)]
+    for t in (q, k, v, bias.relative_attention_bias.weight):
+        t.grad = None
+    (attention(q, k, v, bias=bias, backend="eager") * weights).sum().backward()
+    for g, t in zip(got, (q, k, v, bias.relative_attention_bias.weight)):
+        assert torch.allclose(g, t.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_forced_backends_refuse_what_they_cannot_do():

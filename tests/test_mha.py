@@ -47,10 +47,16 @@ def test_every_encoding_trains(name):
     torch.manual_seed(0)
     position = encodings()[name]()
     layer = MultiheadAttention(32, 4, position=position, causal=True)
-    out, _ = layer(torch.randn(2, 9, 32))
-    out.square().mean().backward()
+    for p in [] if position is None else position.parameters():
+        torch.nn.init.normal_(p, std=1.0)
+    x = torch.randn(2, 9, 32)
+    layer(x)[0].square().mean().backward()
+    got = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    layer.backend = "eager"  # the reference path (checked against the fp64 oracle in test_mha_matrix.py)
+    layer(x)[0].square().mean().backward()
     for pname, p in layer.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        assert got[pname].abs().sum() > 0 and torch.allclose(got[pname], p.grad, atol=1e-5, rtol=1e-4), pname
 
 
 def test_cross_attention_and_shared_bias():
@@ -118,10 +124,21 @@ def test_t5_decoder_stack_decodes_token_by_token(backend):
 
 def test_t5_stack_trains_the_shared_table():
     torch.manual_seed(0)
-    stack = T5Stack(2, 32, 4, 64, bidirectional=False)
-    stack(torch.randn(2, 16, 32)).square().mean().backward()
-    grad = stack.relative_bias.relative_attention_bias.weight.grad
-    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    stack = T5Stack(2, 32, 4, 64, bidirectional=False).double()
+    table = stack.relative_bias.relative_attention_bias.weight
+    torch.nn.init.normal_(table, std=1.0)
+    x, w = torch.randn(2, 16, 32, dtype=torch.float64), torch.randn(2, 16, 32, dtype=torch.float64)
+    (stack(x) * w).sum().backward()
+    grad = table.grad.clone()
+    with torch.no_grad():  # central differences at three table entries, in fp64
+        for row, head in ((0, 0), (1, 2), (3, 1)):
+            saved, losses = table[row, head].item(), []
+            for shift in (1e-6, -1e-6):
+                table[row, head] = saved + shift
+                losses.append((stack(x) * w).sum().item())
+            table[row, head] = saved
+            assert grad[row, head].item() == pytest.approx((losses[0] - losses[1]) / 2e-6, rel=1e-5, abs=1e-8)
+    assert grad.abs().sum() > 0
 
 
 def test_cross_attention_cache_holds_the_memory_once():
