@@ -7,6 +7,8 @@ import torch
 
 from relpos import OffsetBias, RelativePositionalBias, RelativePositionBias, attention, relative_positions
 
+from oracles import assert_bias_matters, bias_oracle
+
 
 def oracle(q, k, v, bias_dense=None, causal=False, mask=None, scale=None, q_offset=0):
     """Naive fp64 attention, one loop-free line per step."""
@@ -46,11 +48,12 @@ CASES = [  # (lq, lk, causal, q_offset)
 def test_backends_equal_oracle(backend, lq, lk, causal, q_offset):
     torch.manual_seed(0)
     bias = RelativePositionalBias(4, num_buckets=8, max_distance=10, bidirectional=not causal)
-    torch.nn.init.normal_(bias.relative_attention_bias.weight)
+    torch.nn.init.normal_(bias.relative_attention_bias.weight, std=1.5)
     q, k, v = qkv(lq=lq, lk=lk)
     out = attention(q, k, v, bias=bias, causal=causal, q_offset=q_offset, backend=backend)
-    expected = oracle(q, k, v, bias(lq, lk, q_offset=q_offset), causal=causal, q_offset=q_offset)
+    expected = oracle(q, k, v, bias_oracle(bias, lq, lk, q_offset), causal=causal, q_offset=q_offset)
     assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k, v, causal=causal, q_offset=q_offset), 1e-5)
 
 
 @pytest.mark.parametrize("lq, lk, causal, q_offset", CASES)
@@ -73,36 +76,41 @@ def test_low_precision_error_ratio(dtype):
     # Like PyTorch's own attention tests: the low-precision error against an fp64 oracle must be
     # within a small factor of the error of a plain low-precision eager computation.
     torch.manual_seed(0)
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.5)
     q, k, v = qkv(lq=64, lk=64, d=32)
-    expected = oracle(q, k, v, bias(64, 64))
+    expected = oracle(q, k, v, bias_oracle(bias, 64, 64))
     ql, kl, vl = q.to(dtype), k.to(dtype), v.to(dtype)
     eager_err = (attention(ql, kl, vl, bias=bias, backend="eager").double() - expected).abs().max()
     sdpa_out = attention(ql, kl, vl, bias=bias, backend="sdpa")
     assert sdpa_out.dtype == dtype and torch.isfinite(sdpa_out).all()
-    assert (sdpa_out.double() - expected).abs().max() <= 3 * eager_err + 1e-3
+    tol = 3 * eager_err + 1e-3
+    assert (sdpa_out.double() - expected).abs().max() <= tol
+    assert_bias_matters(expected, oracle(q, k, v), tol)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_bias_forms_are_interchangeable(backend):
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.5)
     q, k, v = qkv(lq=7, lk=11)
     via_module = attention(q, k, v, bias=bias, backend=backend)
     via_offsets = attention(q, k, v, bias=bias.offsets(7, 11), backend=backend)
     via_dense = attention(q, k, v, bias=bias(7, 11), backend=backend)
     assert torch.allclose(via_module, via_offsets, atol=1e-6)
     assert torch.allclose(via_module, via_dense, atol=1e-6)
+    assert torch.allclose(via_module.double(), oracle(q, k, v, bias_oracle(bias, 7, 11)), atol=1e-5)
+    assert_bias_matters(via_module, attention(q, k, v, backend=backend), 1e-5)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_masks_and_fully_masked_rows(backend):
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.5)
     q, k, v = qkv(lq=6, lk=10, grad=True)
     keep = torch.rand(6, 10, generator=torch.Generator().manual_seed(3)) > 0.4
     keep[2] = False  # a query that may attend to nothing
     out = attention(q, k, v, bias=bias, attn_mask=keep, backend=backend)
-    expected = oracle(q, k, v, bias(6, 10), mask=keep)
+    expected = oracle(q, k, v, bias_oracle(bias, 6, 10), mask=keep)
     assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k, v, mask=keep), 1e-5)
     assert torch.all(out[:, :, 2] == 0)
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
@@ -112,9 +120,11 @@ def test_masks_and_fully_masked_rows(backend):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_window_bias_and_no_bias(backend):
-    rpb = RelativePositionBias(4, window_size=(3, 3))
+    rpb = RelativePositionBias(4, window_size=(3, 3), init_std=1.5)
     q, k, v = qkv(lq=9, lk=9)
-    assert torch.allclose(attention(q, k, v, bias=rpb, backend=backend).double(), oracle(q, k, v, rpb()), atol=1e-5)
+    expected = oracle(q, k, v, bias_oracle(rpb, 9, 9))
+    assert torch.allclose(attention(q, k, v, bias=rpb, backend=backend).double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k, v), 1e-5)
     assert torch.allclose(attention(q, k, v, backend=backend).double(), oracle(q, k, v), atol=1e-5)
     assert torch.allclose(
         attention(q, k, v, causal=True, scale=1.0, backend=backend).double(), oracle(q, k, v, causal=True, scale=1.0), atol=1e-5
@@ -123,9 +133,10 @@ def test_window_bias_and_no_bias(backend):
 
 def test_decode_rows_equal_parallel():
     torch.manual_seed(0)
-    bias = RelativePositionalBias(4, bidirectional=False)
+    bias = RelativePositionalBias(4, bidirectional=False, init_std=1.5)
     q, k, v = qkv(lq=12, lk=12)
     full = attention(q, k, v, bias=bias, causal=True)
+    assert torch.allclose(full.double(), oracle(q, k, v, bias_oracle(bias, 12, 12), causal=True), atol=1e-5)
     for t in range(12):  # query t sees keys 0..t: the KV cache at step t
         step = attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], bias=bias, causal=True, q_offset=t)
         assert torch.allclose(step, full[:, :, t : t + 1], atol=1e-6)

@@ -6,6 +6,7 @@ import torch
 from relpos import ALiBi, ClippedRelativeBias, LogDecayBias, RelativePositionalBias, attention, select_backend
 from relpos._fused import antidiagonal_sums
 
+from oracles import assert_bias_matters, bias_oracle
 from test_attention import CASES, oracle, qkv
 
 
@@ -38,6 +39,11 @@ def test_backend_equals_eager_with_gradients(backend, bias_name, lq, lk, causal,
     out_e, grads_e = run("eager", bias_name, lq, lk, causal, q_offset)
     out_f, grads_f = run(backend, bias_name, lq, lk, causal, q_offset)
     assert torch.allclose(out_f, out_e, atol=1e-5)
+    q, k, v = qkv(lq=lq, lk=lk)
+    bias = make_bias(bias_name, causal=causal)
+    expected = oracle(q, k, v, bias_oracle(bias, lq, lk, q_offset), causal=causal, q_offset=q_offset)
+    assert torch.allclose(out_f.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k, v, causal=causal, q_offset=q_offset), 1e-5)
     assert len(grads_f) == len(grads_e)
     for gf, ge in zip(grads_f, grads_e):
         assert torch.isfinite(gf).all()
@@ -63,14 +69,16 @@ def test_fused_fp64_exact_and_long():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_low_precision_error_ratio(dtype):
     torch.manual_seed(0)
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.5)
     q, k, v = qkv(lq=64, lk=64, d=32)
-    expected = oracle(q, k, v, bias(64, 64))
+    expected = oracle(q, k, v, bias_oracle(bias, 64, 64))
     lo = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     eager_err = (attention(*lo, bias=bias, backend="eager").double() - expected).abs().max()
     fused = attention(*lo, bias=bias, backend="fused")
     assert fused.dtype == dtype and torch.isfinite(fused).all()
-    assert (fused.double() - expected).abs().max() <= 3 * eager_err + 1e-3
+    tol = 3 * eager_err + 1e-3
+    assert (fused.double() - expected).abs().max() <= tol
+    assert_bias_matters(expected, oracle(q, k, v), tol)
     fused.float().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in lo)
     assert torch.isfinite(bias.relative_attention_bias.weight.grad).all()
@@ -87,13 +95,15 @@ def test_antidiagonal_sums_equals_loop():
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "fused"])
 def test_grouped_query_attention(backend):
     torch.manual_seed(0)
-    bias = RelativePositionalBias(8)
+    bias = RelativePositionalBias(8, init_std=1.5)
     q = torch.randn(2, 8, 10, 16, requires_grad=True)
     k = torch.randn(2, 2, 10, 16, requires_grad=True)
     v = torch.randn(2, 2, 10, 16, requires_grad=True)
     out = attention(q, k, v, bias=bias, causal=True, backend=backend)
-    expected = oracle(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), bias(10, 10), causal=True)
+    k4, v4 = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+    expected = oracle(q, k4, v4, bias_oracle(bias, 10, 10), causal=True)
     assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k4, v4, causal=True), 1e-5)
     out.sum().backward()
     assert k.grad.shape == k.shape and torch.isfinite(k.grad).all()
     with pytest.raises(ValueError, match="must divide query heads"):
@@ -128,10 +138,17 @@ def test_auto_trains_through_fused_without_dense_memory(monkeypatch):
 
     real = attention_module.fused_attention
     monkeypatch.setattr(attention_module, "fused_attention", lambda *a: calls.append(1) or real(*a))
-    bias = RelativePositionalBias(4)
+    bias = RelativePositionalBias(4, init_std=1.0)
     q, k, v = qkv(lq=512, lk=512, grad=True)
-    attention(q, k, v, bias=bias).sum().backward()
-    assert calls and bias.relative_attention_bias.weight.grad is not None
+    weights = torch.randn(2, 4, 512, 8)
+    (attention(q, k, v, bias=bias) * weights).sum().backward()
+    assert calls
+    got = [t.grad.clone() for t in (q, k, v, bias.relative_attention_bias.weight)]
+    for t in (q, k, v, bias.relative_attention_bias.weight):
+        t.grad = None
+    (attention(q, k, v, bias=bias, backend="eager") * weights).sum().backward()
+    for g, t in zip(got, (q, k, v, bias.relative_attention_bias.weight)):
+        assert torch.allclose(g, t.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_forced_backends_refuse_what_they_cannot_do():

@@ -4,6 +4,8 @@ import torch
 
 from relpos import T5Stack
 
+from oracles import assert_bias_matters
+
 
 def counting_inductor(counter):
     from torch._inductor.compile_fx import compile_fx
@@ -19,7 +21,15 @@ def test_compiled_stack_forward_decode_and_train():
     torch._dynamo.reset()
     torch.manual_seed(0)
     stack = T5Stack(1, 32, 4, 64, bidirectional=False).eval()
+    table = stack.relative_bias.relative_attention_bias.weight
+    torch.nn.init.normal_(table, std=1.5)
     x = torch.randn(1, 12, 32)
+    with torch.no_grad():
+        saved = table.clone()
+        table.zero_()
+        without = stack(x)
+        table.copy_(saved)
+        assert_bias_matters(stack(x), without, 1e-5)
     graphs = []
     compiled = torch.compile(stack, fullgraph=True, backend=counting_inductor(graphs))
     with torch.no_grad():

@@ -219,7 +219,9 @@ def test_tasks_command_runs_each_task_and_ranks(tmp_path, capsys):
         assert set(report["runs"]) == {"none", "rope", "rope + yarn"} and report["metric"] == "accuracy"
         assert report["lengths"] == [2, 4, 8] and report["trained_lengths"] == [2, 4]
         for cell in report["runs"]["none"]["0"]["eval"].values():
-            assert 0 <= cell["accuracy"] <= 1 and cell["instances"] == 16
+            p = cell["accuracy"]
+            assert cell["instances"] == 16 and p * 16 == int(p * 16) and 0 <= p <= 1  # a count of correct answers / 16
+            assert cell["se"] == pytest.approx(math.sqrt(p * (1 - p) / 16))
         assert (tmp_path / task / "results.md").exists()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["mrr"]) == {"none", "rope", "rope + yarn"}

@@ -259,11 +259,11 @@ def test_non_finite_results_are_valid_json(tmp_path):
     report = ex.run(smoke(tmp_path, encodings=("alibi",), steps=3, lr=1e30, plot=False))  # diverges
     saved = json.loads((tmp_path / "results.json").read_text())  # strict JSON parses
     loss = saved["runs"]["alibi"]["0"]["train_loss"]
-    assert loss in ("nan", "inf") or isinstance(loss, float)
+    assert loss in ("nan", "inf")  # lr=1e30 diverges: the loss is saved as the string JSON can hold
     table = (tmp_path / "results.md").read_text()
     assert "| ALiBi |" in table and report
     cell = report["summary"]["alibi"]["eval"]["16"]
-    assert cell is None or not math.isfinite(cell["mean"]) or cell["mean"] > 0  # a diverged seed is not hidden
+    assert cell is not None and not math.isfinite(cell["mean"])  # a diverged seed is not hidden
 
 
 def test_ctrl_c_is_one_line_and_resumable(tmp_path, monkeypatch, capsys):

@@ -6,6 +6,9 @@ import torch
 import relpos
 from relpos import KVCache, MultiheadAttention, T5Stack
 
+from oracles import assert_bias_matters
+from test_mha_matrix import oracle
+
 
 def encodings(heads=4, head_dim=8):
     return {
@@ -44,30 +47,46 @@ def test_every_encoding_trains(name):
     torch.manual_seed(0)
     position = encodings()[name]()
     layer = MultiheadAttention(32, 4, position=position, causal=True)
-    out, _ = layer(torch.randn(2, 9, 32))
-    out.square().mean().backward()
+    for p in [] if position is None else position.parameters():
+        torch.nn.init.normal_(p, std=1.0)
+    x = torch.randn(2, 9, 32)
+    layer(x)[0].square().mean().backward()
+    got = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    layer.backend = "eager"  # the reference path (checked against the fp64 oracle in test_mha_matrix.py)
+    layer(x)[0].square().mean().backward()
     for pname, p in layer.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        assert got[pname].abs().sum() > 0 and torch.allclose(got[pname], p.grad, atol=1e-5, rtol=1e-4), pname
 
 
 def test_cross_attention_and_shared_bias():
-    shared = relpos.RelativePositionalBias(4)
+    torch.manual_seed(0)
+    shared = relpos.RelativePositionalBias(4, init_std=1.5)
     a = MultiheadAttention(32, 4, position=shared)
     b = MultiheadAttention(32, 4, position=shared)
     x, memory = torch.randn(2, 5, 32), torch.randn(2, 12, 32)
     out, ob = a(x, memory=memory)
-    assert out.shape == (2, 5, 32) and (ob.query_length, ob.key_length) == (5, 12)
+    assert (ob.query_length, ob.key_length) == (5, 12)
+    expected = oracle(a, x, memory)  # fp64, bias from the table at explicit j - i, queries at 0.., keys at 0..
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(a, x, memory, with_position=False), 1e-5)
     out2, same = b(x, memory=memory, position_bias=ob)
     assert same is ob
+    assert torch.allclose(out2.double(), oracle(b, x, memory), atol=1e-5)  # the handed-on bias is b's own
     assert sum(p.numel() for p in torch.nn.ModuleList([a, b]).parameters()) == 2 * (32 * 96 + 32 * 32) + 32 * 4
 
 
 def test_rope_cross_attention_positions_start_at_zero():
+    torch.manual_seed(0)
     rope = relpos.RotaryEmbedding(8)
     layer = MultiheadAttention(32, 4, position=rope)
     x, memory = torch.randn(1, 3, 32), torch.randn(1, 7, 32)
     out, _ = layer(x, memory=memory)
-    assert out.shape == (1, 3, 32)
+    expected = oracle(layer, x, memory)  # queries rotated at 0, 1, 2 and keys at 0 .. 6
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(layer, x, memory, with_position=False), 1e-5)
+    shifted = oracle(layer, x, memory, q_offset=4)  # queries placed after the memory would differ
+    assert (shifted - expected).abs().max() > 1e-3
 
 
 def test_bad_construction():
@@ -105,10 +124,21 @@ def test_t5_decoder_stack_decodes_token_by_token(backend):
 
 def test_t5_stack_trains_the_shared_table():
     torch.manual_seed(0)
-    stack = T5Stack(2, 32, 4, 64, bidirectional=False)
-    stack(torch.randn(2, 16, 32)).square().mean().backward()
-    grad = stack.relative_bias.relative_attention_bias.weight.grad
-    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    stack = T5Stack(2, 32, 4, 64, bidirectional=False).double()
+    table = stack.relative_bias.relative_attention_bias.weight
+    torch.nn.init.normal_(table, std=1.0)
+    x, w = torch.randn(2, 16, 32, dtype=torch.float64), torch.randn(2, 16, 32, dtype=torch.float64)
+    (stack(x) * w).sum().backward()
+    grad = table.grad.clone()
+    with torch.no_grad():  # central differences at three table entries, in fp64
+        for row, head in ((0, 0), (1, 2), (3, 1)):
+            saved, losses = table[row, head].item(), []
+            for shift in (1e-6, -1e-6):
+                table[row, head] = saved + shift
+                losses.append((stack(x) * w).sum().item())
+            table[row, head] = saved
+            assert grad[row, head].item() == pytest.approx((losses[0] - losses[1]) / 2e-6, rel=1e-5, abs=1e-8)
+    assert grad.abs().sum() > 0
 
 
 def test_cross_attention_cache_holds_the_memory_once():

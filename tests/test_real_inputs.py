@@ -27,6 +27,8 @@ from relpos._dropout import keep_dense, keep_rows
 from relpos._masks import key_ranges
 from relpos._tiles import plan_tiles
 
+from oracles import assert_bias_matters, attend, bias_oracle
+
 attention_module = importlib.import_module("relpos.attention")  # the module (relpos.attention is the function)
 
 B, H, D = 3, 4, 8
@@ -115,7 +117,8 @@ def test_padding_and_causal_equal_oracle_with_gradients(backend, padding, lq, ca
     runs = LENGTHS[padding]
     bias, q, k, v = make(lq=lq, causal=causal)
     table = bias.relative_attention_bias.weight
-    expected = oracle(q, k, v, bias(lq, 13, q_offset=q_offset), keep_of(runs), causal, q_offset)
+    expected = oracle(q, k, v, bias_oracle(bias, lq, 13, q_offset), keep_of(runs), causal, q_offset)
+    assert_bias_matters(expected, oracle(q, k, v, torch.zeros(()), keep_of(runs), causal, q_offset), 1e-5)
     reference = None
     for form, masks in mask_forms(runs, lq, causal, q_offset).items():
         out = attention(q, k, v, bias=bias, causal=causal, q_offset=q_offset, backend=backend, **masks)
@@ -316,17 +319,19 @@ def test_low_precision_error_ratio_against_sdpa(dtype, backend, causal, padding)
 
     def sdpa_run(dtype_):  # SDPA's own path: the bias and mask rounded to the input dtype, as users pass them
         inputs = [t.detach().to(dtype_).requires_grad_() for t in (q, k, v)]
-        mask = bias(40, 40).to(dtype_).masked_fill(~allowed, float("-inf"))
+        mask = bias_oracle(bias, 40, 40, grad=True).to(dtype_).masked_fill(~allowed, float("-inf"))
         out = F.scaled_dot_product_attention(*inputs, attn_mask=mask)
         return [out.detach().double()] + grads_of(out, [*inputs, table])
 
     exact, reference = sdpa_run(torch.float64), sdpa_run(dtype)
+    without = attend(q, k, v, causal=causal, keep=keep)
+    floor = {torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+    assert_bias_matters(exact[0], without, 2 * float((reference[0] - exact[0]).abs().max()) + floor)
     lo = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
     masks = {} if keep is None else {"key_mask": keep}
     out = attention(*lo, bias=bias, causal=causal, backend=backend, **masks)
     assert out.dtype == dtype
     got = [out.detach().double()] + grads_of(out, [*lo, table])
-    floor = {torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
     for name, g, r, e in zip(("out", "dq", "dk", "dv", "dtable"), got, reference, exact):
         got_err, ref_err = (g.double() - e).abs().max(), (r.double() - e).abs().max()
         scale = 1.0 if name != "dtable" else max(1.0, float(e.abs().max()))  # the table gradient sums many scores
@@ -341,7 +346,7 @@ def test_huge_and_infinite_biases_agree_on_every_backend(dtype):
         table = torch.tensor([-1e5, 1e5, 0.0, float("-inf"), 3.0, -1e5, 1e5, float("-inf")])  # one per bucket
         bias.relative_attention_bias.weight.copy_(torch.stack([table.roll(h) for h in range(H)], 1))  # (8, H)
     q, k, v = (torch.randn(B, H, 13, D).to(dtype) for _ in range(3))
-    expected = oracle(q, k, v, bias(13, 13))
+    expected = oracle(q, k, v, bias_oracle(bias, 13, 13))
     # logits near 1e5 hold q.k only to fp32's resolution there (1e5 * 2**-23 ~ 0.008): hence 2e-2
     for backend in ("eager", "sdpa", "fused"):
         out = attention(q, k, v, bias=bias, backend=backend)
@@ -426,9 +431,12 @@ def test_grouped_query_attention_on_tiles(backend):
     k = torch.randn(B, 2, 13, D, requires_grad=True)
     v = torch.randn(B, 2, 13, D, requires_grad=True)
     keep = keep_of(LENGTHS["left"])
-    expected = oracle(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), bias(13, 13), keep, causal=True)
+    torch.nn.init.normal_(bias.relative_attention_bias.weight, std=1.5)
+    k2, v2 = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    expected = oracle(q, k2, v2, bias_oracle(bias, 13, 13), keep, causal=True)
     out = attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend=backend)
     assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, oracle(q, k2, v2, torch.zeros(()), keep, causal=True), 1e-5)
     got = grads_of(out, [q, k, v])
     want = grads_of(attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend="eager"), [q, k, v])
     for a, b in zip(got, want):

@@ -6,6 +6,8 @@ from torch import nn
 
 from relpos import OffsetBias, RelativePositionalBias, T5Attention, attention, cross_attention_with_bias
 
+from oracles import assert_bias_matters, bias_oracle
+
 transformers = pytest.importorskip("transformers")
 from transformers.models.t5.modeling_t5 import T5Attention as HFT5Attention  # noqa: E402
 
@@ -81,19 +83,36 @@ def test_t5_explainer_usage_layer0_owns_bias():
 
 def test_cross_attention_lq_ne_lk():
     torch.manual_seed(0)
-    bias = RelativePositionalBias(num_heads=8)
+    bias = RelativePositionalBias(num_heads=8, init_std=1.5)
     q = torch.randn(2, 8, 7, 16)
     k = torch.randn(2, 8, 19, 16)
     v = torch.randn(2, 8, 19, 16)
     out = cross_attention_with_bias(q, k, v, bias)
-    scores = q @ k.transpose(-2, -1) / 4.0 + bias(7, 19)  # the seed's computation
-    assert out.shape == (2, 8, 7, 16)
-    assert torch.allclose(out, torch.softmax(scores, -1) @ v, atol=1e-5)
-    layer = T5Attention(32, 4, causal=False)
-    enc = torch.randn(2, 19, 32)
-    dec = torch.randn(2, 7, 32)
-    y, ob = layer(dec, key_value_states=enc)
-    assert y.shape == (2, 7, 32) and (ob.query_length, ob.key_length) == (7, 19)
+    scores = q.double() @ k.double().transpose(-2, -1) / 4.0  # the seed's computation, in fp64
+    expected = torch.softmax(scores + bias_oracle(bias, 7, 19), -1) @ v.double()
+    assert torch.allclose(out.double(), expected, atol=1e-5)
+    assert_bias_matters(expected, torch.softmax(scores, -1) @ v.double(), 1e-5)
+
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_key_value_states_equal_transformers(has_bias):
+    """Cross-attention (key_value_states) against transformers' T5Attention with the same weights."""
+    torch.manual_seed(0)
+    hf = hf_layer(has_bias=has_bias)  # every weight, the bias table included, at std 0.3
+    ours = T5Attention.from_hf(hf)
+    enc, dec = torch.randn(2, 19, 48), torch.randn(2, 7, 48)
+    with torch.no_grad():
+        expected, hf_bias, _ = hf(dec, key_value_states=enc)
+        got, ob = ours(dec, key_value_states=enc)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+    if has_bias:
+        assert (ob.query_length, ob.key_length) == (7, 19) and torch.equal(ob.dense(), hf_bias)
+        with torch.no_grad():
+            without = hf(dec, key_value_states=enc, position_bias=torch.zeros_like(hf_bias))[0]
+        assert_bias_matters(expected, without, 1e-5)
+    else:
+        assert ob is None
 
 
 def test_causal_self_attention_ignores_future():

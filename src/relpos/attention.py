@@ -76,6 +76,17 @@ def resolve_bias(
     raise TypeError(f"bias must be a relpos bias module, an OffsetBias, a tensor or None; got {type(bias).__name__}")
 
 
+def check_defines_future(bias: BiasLike, causal: bool, key_length: int, q_offset: int, attn_mask) -> None:
+    """Refuse a bias that defines nothing for future keys (causal ALiBi) where queries can see them."""
+    future_visible = not causal and key_length - 1 > q_offset
+    if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
+        raise ValueError(
+            f"{type(bias).__name__}({getattr(bias, 'mode', '')!r} mode) defines no bias for future keys, but this "
+            "attention lets queries see them (causal=False): pass causal=True, or use the bidirectional form "
+            "(ALiBi(mode='symmetric'))"
+        )
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     """The backend ``auto`` picks, and for every other backend why it was not picked."""
@@ -196,13 +207,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
                 "a boolean or 0/1 mask belongs in attn_mask= (True = attend) or key_mask="
             )
         check_attn_mask(resolved, (batch, heads, query_length, key_length), name="bias", device=query.device)
-    future_visible = not causal and key_length - 1 > q_offset
-    if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
-        raise ValueError(
-            f"{type(bias).__name__}({getattr(bias, 'mode', '')!r} mode) defines no bias for future keys, but this "
-            "attention lets queries see them (causal=False): pass causal=True, or use the bidirectional form "
-            "(ALiBi(mode='symmetric'))"
-        )
+    check_defines_future(bias, causal, key_length, q_offset, attn_mask)
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
     if masked and _is_small(batch, heads, query_length, key_length) and backend not in ("fused", "flex"):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
-from .attention import BACKENDS, Backend, BiasLike, attention, resolve_bias
+from .attention import BACKENDS, Backend, BiasLike, attention, check_defines_future, resolve_bias
 from ._masks import check_key_mask, fold_key_mask
 from .bias import AdditiveBias
 from .rotary import RotaryEmbedding
@@ -191,9 +191,13 @@ class MultiheadAttention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             if key_mask is not None:
                 attn_mask = fold_key_mask(attn_mask, check_key_mask(key_mask, x.shape[0], k.shape[-2]))
-            out = position.attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset)
+            out = position.attention(
+                q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset,
+                dropout_p=self.dropout if self.training else 0.0,
+            )  # (B, H, Lq, dh)
         else:
             if position_bias is None and isinstance(position, AdditiveBias):
+                check_defines_future(position, causal, k.shape[-2], q_offset, attn_mask)  # before resolving it away
                 position_bias = resolve_bias(
                     position, q.shape[-2], k.shape[-2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
                 )

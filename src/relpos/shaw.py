@@ -17,7 +17,8 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_device, check_int, check_positive_float, check_scale, check_tensor
+from ._checks import check_bool, check_device, check_int, check_positive_float, check_probability, check_scale, check_tensor
+from ._dropout import draw_seed, effective_p, keep_dense
 from ._fused import accumulate_dtype
 from ._masks import check_attn_mask
 from .attention import _dense_mask, masked_softmax
@@ -94,13 +95,18 @@ class ShawRelativePosition(nn.Module):
         attn_mask: torch.Tensor | None = None,
         scale: float | None = None,
         q_offset: int = 0,
+        dropout_p: float = 0.0,
     ) -> torch.Tensor:
         """Shaw attention, q ``(B, H, Lq, d)``, k/v ``(B, H, Lk, d)`` -> ``(B, H, Lq, d)``.
 
         Masking follows :func:`relpos.attention`: boolean keeps, floating adds, integer masks are
         refused; fully masked rows give zeros. Logits and softmax are computed in fp32.
+        ``dropout_p`` drops attention weights exactly as :func:`relpos.attention` does (the masks of
+        :mod:`relpos._dropout`, seeded from torch's RNG); the dropped weights feed both the value
+        term and the ``a^V`` term.
         """
         q_offset = check_int("q_offset", q_offset, minimum=0)
+        dropout_p = check_probability("dropout_p", dropout_p)
         causal = check_bool("causal", causal)
         scale = check_scale("scale", scale)
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -116,6 +122,9 @@ class ShawRelativePosition(nn.Module):
         if mask is not None:
             scores = scores + mask
         weights = masked_softmax(scores)  # (B, H, Lq, Lk)
+        if dropout_p:
+            keep = keep_dense(draw_seed(), *weights.shape, dropout_p, device=weights.device)  # (B, H, Lq, Lk)
+            weights = weights * keep / (1.0 - effective_p(dropout_p))
         out = weights @ v  # (B, H, Lq, d)
         if self.rel_values is not None:
             out = out + self.output(weights, q_offset=q_offset)
