@@ -236,7 +236,7 @@ def test_cosine_attention_clamps_the_logit_scale():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="shift_size must be smaller than window_size"):
+    with pytest.raises(ValueError, match="shift_size must be smaller than the window"):
         WindowAttention(8, 2, 4, 4)
     with pytest.raises(ValueError, match="dim must be a multiple of num_heads"):
         WindowAttention(9, 2, 4)

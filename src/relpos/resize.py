@@ -42,16 +42,14 @@ def _grid_shape(window: tuple[int, ...]) -> tuple[int, int]:
 def _windows(table: torch.Tensor, old_window, new_window) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """Both windows with the same number of axes, and the number of class-token rows (0 or 3)."""
     rows = table.shape[0]
-    candidates = []  # an int window is 2D (Swin) when the table says so, else 1D
-    for ndim in ((1, 2) if isinstance(old_window, Sequence) else (2, 1)):
-        try:
-            candidates.append(normalize_window_size(old_window, ndim=ndim))
-        except ValueError:
-            continue
+    given = normalize_window_size(old_window, name="old_window")
+    normalize_window_size(new_window, name="new_window")
+    # an int window is 2D (Swin) when the table says so, else 1D
+    candidates = [given] if isinstance(old_window, Sequence) else [given * 2, given]
     for old in candidates:
         extra = rows - table_size(old)
         if extra in (0, CLASS_TOKEN_ENTRIES):
-            new = normalize_window_size(new_window, ndim=len(old))
+            new = normalize_window_size(new_window, ndim=len(old), name="new_window")
             return old, new, extra
     sizes = " or ".join(f"{table_size(w)} (+{CLASS_TOKEN_ENTRIES} with class-token rows)" for w in candidates)
     raise ValueError(

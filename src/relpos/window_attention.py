@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_tensor
+from ._checks import (
+    check_bool, check_choice, check_device, check_dtype, check_int, check_probability, check_real, check_scale, check_tensor,
+)
 from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
 from .windows import normalize_window_size
 
@@ -38,7 +40,7 @@ SWIN_MASK_VALUE = -100.0  # Swin, timm and transformers' value between shifted r
 _CHUNK_SCORES = 1 << 22  # scores recomputed at once in the backward (16 MiB in fp32)
 
 
-def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+def window_partition(x: torch.Tensor, window: int | tuple[int, int]) -> torch.Tensor:
     """``(B, Hp, Wp, C) -> (B, nW, N, C)``, windows in raster order, patches in raster order.
 
     >>> window_partition(torch.arange(16.0).view(1, 4, 4, 1), (2, 2))[0, :, :, 0]
@@ -47,18 +49,37 @@ def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
             [ 8.,  9., 12., 13.],
             [10., 11., 14., 15.]])
     """
+    check_tensor("x", x, shape="(B, Hp, Wp, C)")
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    if x.dim() != 4 or x.shape[1] % wh or x.shape[2] % ww:
+        raise ValueError(f"x must be (B, Hp, Wp, C) with Hp, Wp multiples of the window {(wh, ww)}, got {tuple(x.shape)}")
     b, hp, wp, c = x.shape
-    wh, ww = window
     x = x.view(b, hp // wh, wh, wp // ww, ww, c).transpose(2, 3)  # (B, nH, nW_, Wh, Ww, C)
     return x.reshape(b, (hp // wh) * (wp // ww), wh * ww, c)  # (B, nW, N, C)
 
 
-def window_merge(windows: torch.Tensor, window: tuple[int, int], height: int, width: int) -> torch.Tensor:
+def window_merge(windows: torch.Tensor, window: int | tuple[int, int], height: int, width: int) -> torch.Tensor:
     """``(B, nW, N, C) -> (B, Hp, Wp, C)``: the inverse of :func:`window_partition`."""
+    check_tensor("windows", windows, shape="(B, nW, N, C)")
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    height, width = check_int("height", height, minimum=1), check_int("width", width, minimum=1)
+    if windows.dim() != 4 or height % wh or width % ww or windows.shape[1:3] != ((height // wh) * (width // ww), wh * ww):
+        raise ValueError(f"windows must be (B, nW, N, C) for a {height}x{width} map in windows of {(wh, ww)}, "
+                         f"got {tuple(windows.shape)}")
     b, _, _, c = windows.shape
-    wh, ww = window
     x = windows.view(b, height // wh, width // ww, wh, ww, c).transpose(2, 3)  # (B, nH, Wh, nW_, Ww, C)
     return x.reshape(b, height, width, c)  # (B, Hp, Wp, C)
+
+
+def _shift(shift, window: tuple[int, int], *, name: str) -> tuple[int, int]:
+    """``0``, ``s`` or ``(sh, sw)``, each in ``[0, window)``."""
+    pair = tuple(shift) if isinstance(shift, Sequence) and not isinstance(shift, str) else (shift, shift)
+    if len(pair) != 2:
+        raise ValueError(f"{name} must be an int or (sh, sw), got {shift!r}")
+    pair = tuple(check_int(f"{name}[{k}]", s, minimum=0) for k, s in enumerate(pair))
+    if any(s >= w for s, w in zip(pair, window)):
+        raise ValueError(f"{name} must be smaller than the window {window} on each axis, got {pair}")
+    return pair
 
 
 def _regions(size: int, window: int, shift: int, device) -> torch.Tensor:
@@ -71,7 +92,7 @@ def shift_mask(
     height: int,
     width: int,
     window: int | Sequence[int],
-    shift: int | Sequence[int],
+    shift: int | tuple[int, int],
     *,
     mask_value: float = SWIN_MASK_VALUE,
     device: torch.device | str | None = None,
@@ -89,9 +110,15 @@ def shift_mask(
             [-1., -1.,  0., -1.],
             [-1., -1., -1.,  0.]])
     """
-    wh, ww = normalize_window_size(window, ndim=2)
-    sh, sw = normalize_window_size(shift, ndim=2) if shift else (0, 0)
+    height, width = check_int("height", height, minimum=1), check_int("width", width, minimum=1)
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    sh, sw = _shift(shift, (wh, ww), name="shift")
+    if height % wh or width % ww:
+        raise ValueError(f"height and width must be multiples of the window {(wh, ww)} (pad first), got {height}x{width}")
+    mask_value = check_real("mask_value", mask_value)
     device = check_device("device", device)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     label = _regions(height, wh, sh, device)[:, None] * 3 + _regions(width, ww, sw, device)[None, :]  # (Hp, Wp)
     labels = window_partition(label[None, :, :, None], (wh, ww))[0, :, :, 0]  # (nW, N)
     different = labels[:, :, None] != labels[:, None, :]  # (nW, N, N)
@@ -181,10 +208,15 @@ def window_attention(
         check_tensor(name, t, shape="(B, nW, H, N, d)")
         if t.dim() != 5:
             raise ValueError(f"{name} must be (B, nW, H, N, d) (5 dims), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape and q.shape[:4] == v.shape[:4]):
+        raise ValueError(f"q, k, v must share (B, nW, H, N) and q, k their d: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, nw, h, n, d = q.shape
+    if bias is not None:
+        check_tensor("bias", bias, shape="(nW | 1, H, N, N)")
     if bias is not None and (bias.dim() != 4 or bias.shape[0] not in (1, nw) or tuple(bias.shape[1:]) != (h, n, n)):
         raise ValueError(f"bias must be (nW or 1, H, N, N) = ({nw} or 1, {h}, {n}, {n}), got {tuple(bias.shape)}")
     dropout_p = check_probability("dropout_p", dropout_p)
+    scale = check_scale("scale", scale)
     scale = d**-0.5 if scale is None else scale
     if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
         return _reference(q, k, v, bias, scale, dropout_p, training)
@@ -233,11 +265,11 @@ class WindowAttention(nn.Module):
         dim: int,
         num_heads: int,
         window_size: int | Sequence[int],
-        shift_size: int | Sequence[int] = 0,
+        shift_size: int | tuple[int, int] = 0,
         *,
         position_bias: PositionBiasKind = "table",
         cosine: bool = False,
-        pretrained_window_size: int | Sequence[int] = 0,
+        pretrained_window_size: int | tuple[int, int] = 0,
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
@@ -247,18 +279,17 @@ class WindowAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        factory = {"device": check_device("device", device), "dtype": dtype}
+        factory = {"device": check_device("device", device), "dtype": check_dtype("dtype", dtype)}
         self.dim = check_int("dim", dim, minimum=1)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         if dim % num_heads:
             raise ValueError(f"dim must be a multiple of num_heads, got dim={dim}, num_heads={num_heads}")
         self.window_size = normalize_window_size(window_size, ndim=2)
-        self.shift_size = normalize_window_size(shift_size, ndim=2) if shift_size else (0, 0)
-        if any(s >= w for s, w in zip(self.shift_size, self.window_size)):
-            raise ValueError(f"shift_size must be smaller than window_size, got {self.shift_size} and {self.window_size}")
+        self.shift_size = _shift(shift_size, self.window_size, name="shift_size")
         self.position_bias_kind = check_choice("position_bias", position_bias, ("table", "factorized", "continuous", "none"))
         self.cosine = check_bool("cosine", cosine)
-        self.mask_value = float(mask_value)
+        self.mask_value = check_real("mask_value", mask_value)
+        qkv_bias = check_bool("qkv_bias", qkv_bias)
         self.fused = check_bool("fused", fused)
         self.attn_drop = check_probability("attn_drop", attn_drop)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias and not cosine, **factory)

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_device, check_int, check_positive_float
+from ._checks import check_bool, check_choice, check_dtype, check_device, check_int, check_positive_float
 from .bias import AdditiveBias
 from .windows import normalize_window_size, table_size, window_coords, window_relative_position_index
 
@@ -212,20 +212,17 @@ class FactorizedRelativePositionBias(_WindowBias):
         return bias.permute(2, 0, 1).contiguous()  # (H, N, N)
 
 
-def normalize_pretrained_window(value: int | Sequence[int]) -> tuple[int, int]:
+def normalize_pretrained_window(value: int | tuple[int, int]) -> tuple[int, int]:
     """``0`` or ``(0, 0)`` (none: the window itself) or a 2D window, as ``(Ph, Pw)``."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and all(v == 0 for v in value) and len(value) == 2:
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2 and all(v == 0 for v in value):
         return (0, 0)
     if isinstance(value, int) and not isinstance(value, bool) and value == 0:
         return (0, 0)
-    try:
-        return normalize_window_size(value, ndim=2)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"pretrained_window_size must be 0 (none) or a window W or (Wh, Ww); {exc}") from None
+    return normalize_window_size(value, ndim=2, name="pretrained_window_size (0: none, or W or (Wh, Ww))")
 
 
 def log_spaced_coords(
-    window_size: int | Sequence[int], pretrained_window_size: int | Sequence[int] = 0, *, device=None
+    window_size: int | Sequence[int], pretrained_window_size: int | tuple[int, int] = 0, *, device=None
 ) -> torch.Tensor:
     """Swin V2's log-spaced offsets: ``(2 Wh - 1, 2 Ww - 1, 2)``, each ``sign(x) log2(1 + |x|) / 3``.
 
@@ -275,7 +272,7 @@ class ContinuousPositionBias(_WindowBias):
         self,
         num_heads: int,
         window_size: int | Sequence[int],
-        pretrained_window_size: int | Sequence[int] = 0,
+        pretrained_window_size: int | tuple[int, int] = 0,
         *,
         hidden_size: int = 512,
         device: torch.device | str | None = None,
@@ -283,6 +280,7 @@ class ContinuousPositionBias(_WindowBias):
     ) -> None:
         super().__init__()
         device = check_device("device", device)
+        dtype = check_dtype("dtype", dtype)
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
         self.window_size = normalize_window_size(window_size, ndim=2)
         self.pretrained_window_size = normalize_pretrained_window(pretrained_window_size)
