@@ -129,10 +129,10 @@ class _WindowSDPA(torch.autograd.Function):
     """Flash-kernel forward; backward from the saved log-sum-exp, in chunks of the batch."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale):  # q, k, v (B, M, N, d); bias (1, M, N, N); M = nW * H
+    def forward(ctx, q, k, v, bias, scale):  # q, k, v (G, M, N, d); bias (1, M, N, N) broadcast over G
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias, scale=scale
-        )[:2]  # (B, M, N, d), (B, M, N)
+        )[:2]  # (G, M, N, d), (G, M, N)
         ctx.save_for_backward(q, k, v, bias, out, lse)
         ctx.scale = scale
         return out
@@ -140,35 +140,38 @@ class _WindowSDPA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, bias, out, lse = ctx.saved_tensors
-        scale = ctx.scale
-        grads = [torch.empty_like(t) for t in (q, k, v)]
         wide = torch.promote_types(bias.dtype, torch.float32)  # bf16 sums in fp32
-        grad_bias = torch.zeros(bias.shape, dtype=wide, device=bias.device) if ctx.needs_input_grad[3] else None
-        per_example = q.shape[1] * q.shape[2] * k.shape[2]
-        step = max(1, _CHUNK_SCORES // per_example)
-        for start in range(0, q.shape[0], step):
-            rows = slice(start, start + step)
-            dq, dk, dv, db = _window_grads(q[rows], k[rows], v[rows], bias, out[rows], lse[rows], grad_out[rows], scale, wide)
-            grads[0][rows], grads[1][rows], grads[2][rows] = dq, dk, dv
-            if grad_bias is not None:
-                grad_bias += db
-        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grads[0], grads[1], grads[2], grad_bias, None
+        need_bias = ctx.needs_input_grad[3]
+        step = max(1, _CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2]))
+        chunks = [
+            _window_grads(q[i : i + step], k[i : i + step], v[i : i + step], bias, out[i : i + step],
+                          lse[i : i + step], grad_out[i : i + step].contiguous(), ctx.scale, need_bias, wide)
+            for i in range(0, q.shape[0], step)
+        ]
+        grad_q, grad_k, grad_v = (c[0] if len(chunks) == 1 else torch.cat(c) for c in list(zip(*chunks))[:3])
+        grad_bias = None
+        if need_bias:
+            grad_bias = chunks[0][3]
+            for c in chunks[1:]:
+                grad_bias.add_(c[3])
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_q, grad_k, grad_v, grad_bias, None
 
 
-def _window_grads(q, k, v, bias, out, lse, grad_out, scale, wide):
+def _window_grads(q, k, v, bias, out, lse, grad_out, scale, need_bias, wide):
     """Gradients of softmax(q k^T s + bias) v for one chunk; ``dS`` summed over it for the bias."""
-    probs = torch.exp(torch.baddbmm(bias.expand(q.shape[0], -1, -1, -1).flatten(0, 1), q.flatten(0, 1),
-                                    k.flatten(0, 1).transpose(1, 2), alpha=scale).view(*q.shape[:3], -1)
-                      - lse.unsqueeze(-1))  # (b, M, N, N)
-    grad_v = probs.transpose(-1, -2) @ grad_out  # (b, M, N, d)
-    grad_probs = grad_out @ v.transpose(-1, -2)  # (b, M, N, N)
-    row_dot = (grad_out * out).sum(-1, keepdim=True)  # (b, M, N, 1)
-    grad_scores = probs.mul_(grad_probs.sub_(row_dot))  # (b, M, N, N), in place of probs
-    grad_q = (grad_scores @ k) * scale  # (b, M, N, d)
-    grad_k = (grad_scores.transpose(-1, -2) @ q) * scale  # (b, M, N, d)
-    grad_bias = grad_scores.sum(0, keepdim=True, dtype=wide)  # (1, M, N, N)
-    return grad_q, grad_k, grad_v, grad_bias
+    g, m, n, d = q.shape
+    q3, k3, v3, o3, go3 = (t.reshape(g * m, n, -1) for t in (q, k, v, out, grad_out))  # (gM, N, d)
+    scores = torch.bmm(q3, k3.transpose(1, 2)).view(g, m, n, n)  # (g, M, N, N)
+    probs = scores.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1)).exp_().view(g * m, n, n)  # softmax, recomputed
+    grad_v = torch.bmm(probs.transpose(1, 2), go3)  # (gM, N, d)
+    grad_probs = torch.bmm(go3, v3.transpose(1, 2))  # (gM, N, N)
+    row_dot = (go3 * o3).sum(-1, keepdim=True)  # (gM, N, 1)
+    grad_scores = probs.mul_(grad_probs.sub_(row_dot))  # (gM, N, N), in place of probs
+    grad_bias = grad_scores.view(g, m, n, n).sum(0, keepdim=True, dtype=wide) if need_bias else None  # (1, M, N, N)
+    grad_q = torch.bmm(grad_scores, k3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
+    grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
+    return grad_q, grad_k, grad_v.view(g, m, n, -1), grad_bias
 
 
 def _reference(q, k, v, bias, scale, dropout_p, training):
@@ -221,10 +224,12 @@ def window_attention(
     if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
         return _reference(q, k, v, bias, scale, dropout_p, training)
     if bias is None:
-        bias = q.new_zeros(1, 1, n, n)
-    full = bias.to(q.dtype).expand(nw, h, n, n).reshape(1, nw * h, n, n)  # (1, nW*H, N, N)
-    shaped = [t.reshape(b, nw * h, n, d) for t in (q, k, v)]  # (B, nW*H, N, d)
-    return _WindowSDPA.apply(*shaped, full, scale).view(b, nw, h, n, d)
+        bias = q.new_zeros(1, 1, n, n).expand(1, h, n, n)
+    # one bias for every window: fold the windows into the batch; one per window: fold them into the heads
+    groups, heads = (b * nw, h) if bias.shape[0] == 1 else (b, nw * h)
+    shaped = [t.reshape(groups, heads, n, d) for t in (q, k, v)]  # (G, M, N, d)
+    folded = bias.to(q.dtype).reshape(1, heads, n, n)  # (1, M, N, N): broadcast over G, never copied per example
+    return _WindowSDPA.apply(*shaped, folded, scale).view(b, nw, h, n, d)
 
 
 def _pad_to_windows(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
