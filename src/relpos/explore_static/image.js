@@ -11,8 +11,13 @@ function patchName(data, p) {
 }
 
 function describePair(data, p, q) {
-  const g = data.grid, dr = Math.floor(p / g) - Math.floor(q / g), dc = (p % g) - (q % g);
-  const head = `query ${patchName(data, p)}\nkey   ${patchName(data, q)}\n\u0394 = query \u2212 key = (${dr}, ${dc})\n`;
+  // offsets inside a window are taken after the roll by -shift (a wrapped pair is far apart on the map)
+  const g = data.grid, rolled = (x) => (((x - data.shift) % g) + g) % g;
+  const dr = Math.floor(p / g) - Math.floor(q / g), dc = (p % g) - (q % g);
+  const rr = rolled(Math.floor(p / g)) - rolled(Math.floor(q / g)), rc = rolled(p % g) - rolled(q % g);
+  const wrapped = data.matrix[p][q] !== null && (rr !== dr || rc !== dc);
+  const head = `query ${patchName(data, p)}\nkey   ${patchName(data, q)}\n\u0394 = query \u2212 key = (${wrapped ? rr : dr}, ${wrapped ? rc : dc})` +
+    (wrapped ? ` in the rolled window (${dr}, ${dc}) on the map` : "") + "\n";
   const v = data.matrix[p][q];
   if (v === null) return head + "different windows: not attended (no score at all)";
   if (data.masked[p][q]) return head + `bias ${v.toFixed(4)} + shift mask ${data.mask_value}: ` +
