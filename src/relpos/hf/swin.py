@@ -42,6 +42,7 @@ class _Kind:
     attributes: tuple[str, ...]  # what the adapter reads besides the projections
     forward_args: tuple[str, ...]  # the class's forward parameters the adapter replaces
     mask_repeats: int  # how many times transformers adds the shift mask
+    continuous: bool = False  # Swin V2: the MLP bias and cosine attention
 
 
 _KINDS = {
@@ -52,7 +53,7 @@ _KINDS = {
                                     ("self", "hidden_states", "attention_mask", "output_attentions"), 1),
     "Swinv2SelfAttention": _Kind(("query", "key", "value"), ("continuous_position_bias_mlp", "relative_coords_table",
                                  "relative_position_index", "logit_scale", "dropout", "attention_head_size", "window_size"),
-                                 ("self", "hidden_states", "attention_mask", "output_attentions"), 2),
+                                 ("self", "hidden_states", "attention_mask", "output_attentions"), 2, continuous=True),
 }
 SWIN_ATTENTION_CLASSES = tuple(_KINDS)
 
@@ -90,7 +91,7 @@ def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.T
     heads, d = _heads(self)
     q, k, v = (getattr(self, name)(hidden_states).view(bnw // nw, nw, n, heads, d).transpose(2, 3)
                for name in kind.projections)  # (B, nW, H, N, d)
-    if kind.mask_repeats == 2:  # Swin V2: cosine attention, the scale on q
+    if kind.continuous:  # Swin V2: cosine attention, the per-head scale on q
         logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()  # (H, 1, 1)
         q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
         bias = _continuous_bias(self)  # (H, N, N)
