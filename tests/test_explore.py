@@ -313,3 +313,103 @@ def test_nothing_is_computed_for_a_client_that_has_gone(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- the image view (relpos.explore_image) ---------------------------------------------------------
+
+
+def test_image_endpoint_is_relpos(base_url):
+    from relpos.explore_image import IMAGE_KINDS
+
+    status, data = get(base_url + "/api/image?kind=table&grid=8&window=4&shift=2&seed=3")
+    assert status == 200 and set(data["kinds"]) == set(IMAGE_KINDS)
+    local = IMAGE_KINDS["table"](4, 4, 3, {})  # (16, 16): the window's bias, query rows
+    # patch (3, 3) sits at (1, 1) of its window after the roll by -2; patch (4, 5) at (2, 3): same window
+    assert abs(data["matrix"][3 * 8 + 3][4 * 8 + 5] - float(local[1 * 4 + 1, 2 * 4 + 3])) < 1e-5
+    assert data["matrix"][3 * 8 + 3][7 * 8 + 7] is None  # (7, 7) rolls into another window
+    # patch (0, 0) rolls to (6, 6): its window also holds (7, 7) (rolled (5, 5)) but from the other border
+    assert data["window_of"][0] == data["window_of"][63] and data["masked"][0][63] is True
+    assert data["masked"][0][1] is False and data["masked"][63][54] is False  # same region: not masked
+    table = relpos.RelativePositionBias(1, (4, 4))  # seed 3, N(0, 1): the same values the kind draws
+    with torch.no_grad():
+        table.relative_position_bias_table.copy_(torch.randn(49, 1, generator=torch.Generator().manual_seed(3)))
+    assert torch.allclose(local, table()[0])
+    status, data = get(base_url + "/api/image?kind=continuous&grid=6&window=3&pretrained_window=2")
+    assert status == 200 and all(0.0 <= v <= 16.0 for row in data["matrix"] for v in row if v is not None)
+    status, data = get(base_url + "/api/image?kind=factorized&grid=4&window=0")  # global: one window
+    assert status == 200 and all(v is not None for row in data["matrix"] for v in row)
+
+
+def test_image_worked_example_numbers(base_url):
+    """The 2x2 grid of the relative-vs-absolute tutorial, recomputed by hand here."""
+    status, ex = get(base_url + "/api/image-example")
+    assert status == 200
+    r = 2**-0.5
+    assert ex["no_position"] == [[round(v * r, 3) for v in row] for row in [[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 2, 0], [0, 0, 0, 0]]]
+    # x + p = [1, 0], [0, 1.5], [1.5, 1], [0.5, 0.5]
+    dots = [[1, 0, 1.5, 0.5], [0, 2.25, 1.5, 0.75], [1.5, 1.5, 3.25, 1.25], [0.5, 0.75, 1.25, 0.5]]
+    assert ex["absolute"] == [[round(v * r, 3) for v in row] for row in dots]
+    assert ex["relative"] == [[0.707, 0.2, 0.807, 0.3], [-0.2, 0.707, 0.707, 0.1],
+                              [0.607, 0.707, 1.414, 0.2], [-0.3, -0.1, -0.2, 0.0]]
+    assert max(range(4), key=lambda j: ex["relative"][0][j]) == 2  # patch 0's largest logit: patch 2, below it
+    assert max(range(4), key=lambda j: ex["bias"][0][j]) == 3  # the bias alone favours the diagonal
+
+
+@pytest.mark.parametrize(
+    "query, words",
+    [
+        ("/api/image?kind=sam", ["kind must be one of"]),
+        ("/api/image?grid=17", ["grid must be between 1 and 16"]),
+        ("/api/image?grid=8&window=3", ["window must divide grid=8"]),
+        ("/api/image?window=4&shift=4", ["shift must be between 0 and window - 1 = 3"]),
+        ("/api/image?kind=continuous&pretrained_window=-1", ["pretrained_window must be between 0"]),
+    ],
+)
+def test_image_bad_values_get_400(base_url, query, words):
+    status, data = get(base_url + query)
+    assert status == 400
+    for w in words:
+        assert w in data["error"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_image_view_in_a_real_browser(base_url):
+    """The grid shows relpos's numbers for the chosen patch, windows and the shift are drawn, the
+    hover readout explains a pair, a bad value shows the message, the worked example shows its numbers."""
+    from playwright.sync_api import sync_playwright
+
+    args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1366, "height": 900})
+        page.goto(base_url + "/#image")
+        assert page.is_visible("#image-view") and page.is_hidden("#buckets-view")
+        page.wait_for_selector("#image-grid-svg rect.patch", state="attached")
+        kinds = page.eval_on_selector_all("#image-kind option", "os => os.map(o => o.value)")
+        assert kinds == ["table", "factorized", "continuous"]
+        _, data = get(base_url + "/api/image?kind=table&grid=8&window=4&shift=0&seed=0")
+        page.click("#image-grid-svg rect[data-q='9']")  # query patch (1, 1)
+        shown = page.eval_on_selector_all("#image-grid-svg text.cell-value", "ts => ts.map(t => t.textContent)")
+        assert shown == [f"{v:.2f}" for v in data["matrix"][9] if v is not None]  # its window's 16 patches
+        assert page.eval_on_selector_all("#image-grid-svg .patch.other", "r => r.length") == 48
+        assert page.eval_on_selector_all("#image-grid-svg .window-line", "l => l.length") == 2  # one inner line per axis
+        page.hover("#image-grid-svg rect[data-q='18']")
+        hover = page.text_content("#image-hover")
+        assert "(-1, -1)" in hover and f"{data['matrix'][9][18]:.4f}" in hover
+        page.fill("#image-shift", "2")  # shifted windows: patch 0 now shares a window with the far corner
+        page.wait_for_function("document.querySelectorAll('#image-grid-svg .window-line.plain').length > 0")
+        page.click("#image-grid-svg rect[data-q='0']")
+        assert page.eval_on_selector_all("#image-grid-svg .patch.masked", "r => r.length") == 12
+        page.hover("#image-grid-svg rect[data-q='63']")
+        assert "shift mask -100" in page.text_content("#image-hover")
+        page.fill("#image-window", "3")
+        page.wait_for_function("document.querySelector('#image-error').textContent.includes('window must divide')")
+        assert page.is_hidden("#image-result")
+        page.fill("#image-window", "4")
+        page.wait_for_function("!document.querySelector('#image-result').hidden")
+        page.wait_for_selector("#example-maps table")
+        cells = page.eval_on_selector_all("#example-maps > div:last-child tr td", "cs => cs.map(c => c.textContent)")
+        assert cells[:4] == ["0.707", "0.200", "0.807", "0.300"]
+        assert "prefers looking below itself" in page.text_content("#example-text")
+        browser.close()

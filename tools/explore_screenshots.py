@@ -1,6 +1,6 @@
 """Screenshots of the three explore views for the docs, in headless Chromium at a laptop's size.
 
-    python tools/explore_screenshots.py docs/   # writes explore-buckets.png, explore-bias.png, explore-attention.png
+    python tools/explore_screenshots.py docs/   # writes explore-buckets.png, explore-bias.png, explore-attention.png, explore-image.png
 
 Needs Playwright (the dev extra) and a Chromium on the PATH (Debian's `chromium`; nothing is downloaded).
 """
@@ -48,6 +48,15 @@ def main(out: str) -> None:
             page.wait_for_selector("#difference-table tr:nth-child(2) td")
             page.select_option("#attention-query", "2")
             page.screenshot(path=str(out_dir / "explore-attention.png"))
+            page.set_viewport_size({"width": 1366, "height": 1200})
+            page.goto(base + "#image")
+            page.wait_for_selector("#image-grid-svg rect.patch", state="attached")
+            page.fill("#image-shift", "2")  # shifted windows: patch 0 shares its window with the far borders
+            page.wait_for_function("document.querySelectorAll('#image-grid-svg .window-line.plain').length > 0")
+            page.click("#image-grid-svg rect[data-q='0']")
+            page.hover("#image-grid-svg rect[data-q='7']")
+            page.wait_for_selector("#example-maps table")
+            page.screenshot(path=str(out_dir / "explore-image.png"))
             browser.close()
     finally:
         server.shutdown()

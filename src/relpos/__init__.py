@@ -25,7 +25,9 @@ from .rotary import RotaryEmbedding
 from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
 from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
-from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
+from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
+from .window_attention import WindowAttention, shift_mask, window_attention, window_merge, window_partition
+from .resize import resize_bias_table, resize_state_dict
 
 # Unmistakable names for the two tables whose usual names differ by two letters:
 # RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
@@ -43,6 +45,7 @@ __all__ = [
     "BackendChoice",
     "BucketRange",
     "ClippedRelativeBias",
+    "ContinuousPositionBias",
     "FactorizedRelativePositionBias",
     "KVCache",
     "LearnedAbsolutePositionEmbedding",
@@ -53,6 +56,7 @@ __all__ = [
     "RelativePositionBias",
     "RelativePositionalBias",
     "T5RelativeBias",
+    "WindowAttention",
     "WindowRelativeBias",
     "RotaryEmbedding",
     "ShawRelativePosition",
@@ -69,10 +73,16 @@ __all__ = [
     "relative_offsets",
     "relative_position_bucket",
     "relative_positions",
+    "resize_bias_table",
+    "resize_state_dict",
     "resolve_bias",
     "select_backend",
+    "shift_mask",
     "t5_bucket",
     "table_size",
+    "window_attention",
     "window_coords",
+    "window_merge",
+    "window_partition",
     "window_relative_position_index",
 ]

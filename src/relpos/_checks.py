@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor"]
+__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor", "check_dtype", "check_real"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -93,4 +93,21 @@ def check_tensor(name: str, value: Any, *, shape: str = "") -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         hint = " (convert it with torch.as_tensor first)" if hasattr(value, "__len__") else ""
         raise TypeError(f"{name} must be a torch.Tensor{' ' + shape if shape else ''}, got {type(value).__name__}{hint}")
+    return value
+
+
+def check_dtype(name: str, value: Any) -> torch.dtype | None:
+    """``None`` or a ``torch.dtype`` (not a string: ``torch.float32``, not ``"float32"``)."""
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be None or a torch.dtype such as torch.float32, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def check_real(name: str, value: Any, *, rule: str = "") -> float:
+    """A real number that is not NaN (infinities allowed: a mask value may be -inf)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if value != value:
+        raise ValueError(f"{name} must be a number, got NaN" + (f"; {rule}" if rule else ""))
     return value

@@ -4,7 +4,8 @@
   from outside);
 * ``/api/buckets``: :func:`relpos.bucket_table` (the T5 bucket explorer);
 * ``/api/bias``: :func:`relpos.plots.bias_matrix` (the bias heatmap);
-* ``/api/attention``: :func:`relpos.plots.worked_example_weights` (standard vs biased attention).
+* ``/api/attention``: :func:`relpos.plots.worked_example_weights` (standard vs biased attention);
+* ``/api/image`` and ``/api/image-example``: :mod:`relpos.explore_image` (2D biases on a patch grid).
 
 Every parameter is validated on the server: a bad value gets HTTP 400 with a readable message
 (shown on the page), a size past the page's limits HTTP 413, never a traceback, and the server
@@ -31,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from .buckets import STRATEGIES, bucket_table
+from .explore_image import api_image, worked_example
 from .plots import BIAS_KINDS, DECAYS, EXAMPLE_TOKENS, bias_details, bias_matrix, example_bias, worked_example_weights
 
 __all__ = ["make_server", "serve", "MAX_BUCKETS", "MAX_LENGTH"]
@@ -123,7 +125,8 @@ def _api_attention(query: dict) -> dict:
             "standard": standard.tolist(), "biased": biased.tolist(), "difference": (biased - standard).tolist()}
 
 
-ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention}
+ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention,
+          "/api/image": lambda query: api_image(query, _param), "/api/image-example": lambda query: worked_example()}
 
 
 class _Handler(BaseHTTPRequestHandler):

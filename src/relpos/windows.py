@@ -20,18 +20,21 @@ __all__ = ["Convention", "normalize_window_size", "window_coords", "window_relat
 Convention = Literal["query_minus_key", "key_minus_query"]
 
 
-def normalize_window_size(window_size: int | Sequence[int], ndim: int | None = None) -> tuple[int, ...]:
-    """``7 -> (7,)`` or ``(7, 7)`` (by ``ndim``); sequences are checked element by element."""
+def normalize_window_size(window_size: int | Sequence[int], ndim: int | None = None, *, name: str = "window_size") -> tuple[int, ...]:
+    """``7 -> (7,)`` or ``(7, 7)`` (by ``ndim``); sequences are checked element by element.
+
+    ``name`` is the argument's name in error messages.
+    """
     if isinstance(window_size, Sequence) and not isinstance(window_size, str):
         sizes = tuple(window_size)
         if ndim is not None and len(sizes) != ndim:
-            raise ValueError(f"window_size must have {ndim} entr{'y' if ndim == 1 else 'ies'}, got {window_size!r}")
+            raise ValueError(f"{name} must have {ndim} entr{'y' if ndim == 1 else 'ies'}, got {window_size!r}")
         if len(sizes) not in (1, 2):
-            raise ValueError(f"window_size must have 1 or 2 entries, got {window_size!r}")
+            raise ValueError(f"{name} must have 1 or 2 entries, got {window_size!r}")
     else:
-        check_int("window_size", window_size, minimum=1)
+        check_int(name, window_size, minimum=1)
         sizes = (int(window_size),) * (ndim or 1)
-    return tuple(check_int(f"window_size[{k}]", s, minimum=1) for k, s in enumerate(sizes))
+    return tuple(check_int(f"{name}[{k}]", s, minimum=1) for k, s in enumerate(sizes))
 
 
 def window_coords(window_size: int | Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:

@@ -1,0 +1,169 @@
+"""Swin V2 (transformers, eager only) against the same model after relpos.hf.accelerate.
+
+A Swin V2 tiny-like model (embed 96, depths 2-2-6-2, heads 3-6-12-24, patch 4) at 256x256, window 8
+and 16, random weights. Modes: ``forward`` (``torch.no_grad``, eval) and ``train`` (forward,
+backward of the mean squared output, SGD step; train mode). Variants run interleaved in each
+round; times are medians, memory the peak resident memory the call adds (:mod:`relpos.bench`).
+Before timing, the outputs and gradients of both variants are compared (eval mode, same input).
+
+    python benchmarks/swin.py --json docs/bench-swin.json --markdown docs/bench-swin.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+
+import torch
+
+from relpos._io import write_text
+from relpos._progress import Progress
+from relpos.bench import _timed_rounds
+from relpos.hf import accelerate
+
+VARIANTS = ("hf_eager", "relpos")
+
+
+def _model(window: int, image: int, family: str):
+    from transformers import SwinConfig, SwinModel, Swinv2Config, Swinv2Model
+
+    model_cls, config_cls = (Swinv2Model, Swinv2Config) if family == "swinv2" else (SwinModel, SwinConfig)
+    config = config_cls(image_size=image, patch_size=4, embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                        window_size=window)
+    torch.manual_seed(0)
+    model = model_cls(config)
+    with torch.no_grad():  # position terms that matter (random weights), Swin V2's sigmoid not saturated
+        for name, p in model.named_parameters():
+            if "relative_position_bias_table" in name or "continuous_position_bias_mlp.0" in name:
+                p.normal_(std=0.5)
+            elif "continuous_position_bias_mlp.2" in name:
+                p.normal_(std=0.05)
+    return model
+
+
+def _check_equal(models: dict, pixels: torch.Tensor) -> dict:
+    outs, grads = {}, {}
+    for name, model in models.items():
+        model.eval()
+        out = model(pixels).last_hidden_state
+        outs[name] = out.detach()
+        grads[name] = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+    a, b = VARIANTS
+    names = [name for name, _ in models[a].named_parameters()]
+    errors = {n: float((x - y).norm() / y.norm().clamp_min(1e-30)) for n, x, y in zip(names, grads[a], grads[b])}
+    worst = max(errors, key=errors.get)
+    return {
+        "max_abs_output_diff": float((outs[a] - outs[b]).abs().max()),
+        "output_scale": float(outs[a].abs().max()),
+        "max_rel_grad_diff": errors[worst],
+        "worst_parameter": worst,
+        "median_rel_grad_diff": sorted(errors.values())[len(errors) // 2],
+    }
+
+
+def _runner(mode: str, model, pixels):
+    if mode == "forward":
+        model.eval()
+
+        def run():
+            with torch.no_grad():
+                model(pixels)
+
+        return run
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(pixels).last_hidden_state.square().mean().backward()
+        optimizer.step()
+
+    return step
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads) if args.threads else None
+    rows = []
+    plan = [(w, m) for w in args.windows for m in args.modes]
+    progress = Progress(len(plan) * args.rounds * len(VARIANTS))
+    checks = {}
+    for window in args.windows:
+        base = _model(window, args.image, args.family)
+        models = {"hf_eager": base, "relpos": accelerate(copy.deepcopy(base))}
+        pixels = torch.randn(args.batch, 3, args.image, args.image)
+        checks[window] = _check_equal(models, pixels)
+        for mode in args.modes:
+            variants = {name: _runner(mode, model, pixels) for name, model in models.items()}
+            timed = _timed_rounds(variants, args.rounds, progress, f"{mode} window={window}")
+            for name, (ms, peak, samples) in timed.items():
+                rows.append({"mode": mode, "window": window, "variant": name, "ms": ms, "peak_mib": peak,
+                             "samples": samples})
+    progress.close() if hasattr(progress, "close") else None
+    return {"config": vars(args) | {"windows": list(args.windows), "modes": list(args.modes)}, "checks": checks,
+            "results": rows, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def markdown(report: dict) -> str:
+    cfg = report["config"]
+    lines = [
+        f"Swin V2 tiny-like ({cfg['family']}, embed 96, depths 2-2-6-2, heads 3-6-12-24), {cfg['image']}x{cfg['image']}, "
+        f"batch {cfg['batch']}, fp32, {cfg['rounds']} interleaved rounds (median), torch {report['torch']}, "
+        f"{report['threads']} threads.",
+        "",
+        "| mode | window | transformers eager ms | relpos ms | speed-up | transformers peak MiB | relpos peak MiB | memory ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["mode"], r["window"], r["variant"]): r for r in report["results"]}
+    for mode in cfg["modes"]:
+        for window in cfg["windows"]:
+            hf, ours = by[(mode, window, "hf_eager")], by[(mode, window, "relpos")]
+            mem = "" if not hf["peak_mib"] or ours["peak_mib"] is None else f"{ours['peak_mib'] / hf['peak_mib']:.2f}"
+            lines.append(f"| {mode} | {window} | {hf['ms']:.0f} | {ours['ms']:.0f} | {hf['ms'] / ours['ms']:.2f}x | "
+                         f"{hf['peak_mib']:.0f} | {ours['peak_mib']:.0f} | {mem} |")
+    lines += ["", "Equality before timing (eval mode, same input; fp32):", ""]
+    for window, c in report["checks"].items():
+        lines.append(f"- window {window}: max |output difference| {c['max_abs_output_diff']:.1e} "
+                     f"(outputs up to {c['output_scale']:.1f}); relative gradient difference per parameter (||a - b|| / ||b||): "
+                     f"median {c['median_rel_grad_diff']:.1e}, largest {c['max_rel_grad_diff']:.1e} ({c['worst_parameter']})")
+    return "\n".join(lines) + "\n"
+
+
+def _fixed_mmap_threshold() -> None:
+    """Re-run under a fixed glibc mmap threshold: freed tensors return to the OS, so the peak resident
+    memory of each call is its own (with glibc's adaptive threshold, freed blocks stay in the heap and
+    a later call reuses them without raising the peak: every variant after the first reads ~0)."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _fixed_mmap_threshold()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=("swinv2", "swin"), default="swinv2")
+    parser.add_argument("--windows", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--modes", nargs="+", choices=("forward", "train"), default=["forward", "train"])
+    parser.add_argument("--image", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", default=None)
+    args = parser.parse_args(argv)
+    report = run(args)
+    text = markdown(report)
+    print(text)
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=1))
+    if args.markdown:
+        write_text(args.markdown, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

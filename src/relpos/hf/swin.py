@@ -1,0 +1,152 @@
+"""Swin, Swin V2 and Donut Swin on relpos's window attention.
+
+What :func:`relpos.hf.accelerate` changes, on the given model only: each window attention module
+(``SwinAttention``, ``Swinv2SelfAttention``, ``DonutSwinSelfAttention``) gets an instance-level
+``forward`` that reads the same projections and the same bias (table, or Swin V2's MLP), adds the
+layer's shift mask to it once as ``(nW, H, N, N)``, and runs :func:`relpos.window_attention`
+over ``(B, nW, H, N, d)``: the bias is broadcast over the batch instead of transformers'
+``(B * nW, H, N, N)`` scores, the forward runs SDPA's fused kernel, and nothing of that size is
+kept for the backward. Padding, the cyclic shift and the window partition stay transformers'
+(the layers are untouched).
+
+Exactness notes: transformers' ``Swinv2SelfAttention`` adds the shift mask twice (``-200``
+between regions, where Swin V2's paper code adds ``-100`` once); the adapter does the same, so
+outputs equal transformers'. A call that asks for attention weights (``output_attentions``) runs
+transformers' own forward, which computes them. No class is modified and no parameter or buffer
+is added or renamed; :func:`relpos.hf.restore` deletes the instance ``forward``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..window_attention import window_attention
+from ._family import Family, register
+
+__all__ = ["FAMILY", "SWIN_ATTENTION_CLASSES"]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """How one transformers attention class stores its projections and bias."""
+
+    projections: tuple[str, str, str]  # q, k, v linear layers
+    attributes: tuple[str, ...]  # what the adapter reads besides the projections
+    forward_args: tuple[str, ...]  # the class's forward parameters the adapter replaces
+    mask_repeats: int  # how many times transformers adds the shift mask
+    continuous: bool = False  # Swin V2: the MLP bias and cosine attention
+
+
+_KINDS = {
+    "SwinAttention": _Kind(("q_proj", "k_proj", "v_proj"), ("o_proj", "relative_position_bias", "scaling",
+                           "attention_dropout", "head_dim"), ("self", "hidden_states", "attention_mask", "kwargs"), 1),
+    "DonutSwinSelfAttention": _Kind(("query", "key", "value"), ("relative_position_bias_table", "relative_position_index",
+                                    "dropout", "attention_head_size", "window_size"),
+                                    ("self", "hidden_states", "attention_mask", "output_attentions"), 1),
+    "Swinv2SelfAttention": _Kind(("query", "key", "value"), ("continuous_position_bias_mlp", "relative_coords_table",
+                                 "relative_position_index", "logit_scale", "dropout", "attention_head_size", "window_size"),
+                                 ("self", "hidden_states", "attention_mask", "output_attentions"), 2, continuous=True),
+}
+SWIN_ATTENTION_CLASSES = tuple(_KINDS)
+
+
+def _table_bias(module: nn.Module) -> torch.Tensor:
+    """(H, N, N) from a Swin V1 table (Donut stores it on the attention module itself)."""
+    if hasattr(module, "relative_position_bias"):
+        return module.relative_position_bias()[0]  # (H, N, N)
+    n = module.window_size[0] * module.window_size[1]
+    bias = module.relative_position_bias_table[module.relative_position_index.view(-1)]  # (N*N, H)
+    return bias.view(n, n, -1).permute(2, 0, 1)  # (H, N, N)
+
+
+def _continuous_bias(module: nn.Module) -> torch.Tensor:
+    """(H, N, N) from Swin V2's MLP: ``16 * sigmoid`` of its output, gathered by the index."""
+    n = module.window_size[0] * module.window_size[1]
+    heads = module.num_attention_heads
+    table = 16 * torch.sigmoid(module.continuous_position_bias_mlp(module.relative_coords_table).view(-1, heads))  # (T, H)
+    return table[module.relative_position_index.view(-1)].view(n, n, heads).permute(2, 0, 1)  # (H, N, N)
+
+
+def _heads(module: nn.Module) -> tuple[int, int]:
+    d = getattr(module, "head_dim", None) or module.attention_head_size
+    return getattr(module, "num_attention_heads"), d
+
+
+def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      output_attentions: bool | None = False, **kwargs):
+    """The module's attention on relpos's window path: same inputs, same outputs as transformers'."""
+    kind = _KINDS[type(self).__name__]
+    if output_attentions or kwargs.get("output_attentions"):
+        return type(self).forward(self, hidden_states, attention_mask, output_attentions=True, **kwargs)
+    bnw, n, c = hidden_states.shape  # (B * nW, N, C)
+    nw = 1 if attention_mask is None else attention_mask.shape[0]
+    heads, d = _heads(self)
+    q, k, v = (getattr(self, name)(hidden_states).view(bnw // nw, nw, n, heads, d).transpose(2, 3)
+               for name in kind.projections)  # (B, nW, H, N, d)
+    if kind.continuous:  # Swin V2: cosine attention, the per-head scale on q
+        logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()  # (H, 1, 1)
+        q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
+        bias = _continuous_bias(self)  # (H, N, N)
+    else:
+        scale = getattr(self, "scaling", None) or 1.0 / math.sqrt(d)
+        bias = _table_bias(self)  # (H, N, N)
+    bias = bias[None]  # (1, H, N, N)
+    if attention_mask is not None:
+        bias = bias + kind.mask_repeats * attention_mask[:, None].to(bias.dtype)  # (nW, H, N, N): once per layer
+    dropout = getattr(self, "attention_dropout", None)
+    dropout = self.dropout.p if dropout is None else dropout
+    out = window_attention(q, k, v, bias.to(q.dtype), scale=scale, dropout_p=dropout if self.training else 0.0,
+                           training=self.training)  # (B, nW, H, N, d)
+    out = out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C)
+    if hasattr(self, "o_proj"):  # SwinAttention projects and returns (output, weights)
+        return self.o_proj(out), None
+    return (out,)
+
+
+def _check(modules: list[nn.Module]) -> None:
+    """Every module has the attributes and the forward signature the adapter reads."""
+    for module in modules:
+        kind = _KINDS[type(module).__name__]
+        missing = [a for a in (*kind.projections, *kind.attributes) if not hasattr(module, a)]
+        params = tuple(inspect.signature(type(module).forward).parameters)
+        if missing or params != kind.forward_args:
+            import transformers
+
+            raise RuntimeError(
+                f"relpos.hf.accelerate does not fit {type(module).__name__} of the installed transformers "
+                f"{transformers.__version__}: it reads {kind.projections + kind.attributes} (missing: {missing or 'none'}) "
+                f"and replaces forward{kind.forward_args[1:]} (got {params[1:]}). Run the model unaccelerated, "
+                "or use a transformers release whose Swin attention has this interface."
+            )
+
+
+def _apply(model: nn.Module, modules: list[nn.Module]) -> Callable[[], None]:
+    for module in modules:
+        module.forward = types.MethodType(_windowed_forward, module)  # instance attribute: this model only
+
+    def undo() -> None:
+        for module in modules:
+            del module.forward  # the class's forward shows through again
+
+    return undo
+
+
+FAMILY = register(
+    Family(
+        name="swin",
+        title="Swin, Swin V2, Donut Swin",
+        model_types=("swin", "swinv2", "donut-swin"),
+        attention_classes=SWIN_ATTENTION_CLASSES,
+        check=_check,
+        apply=_apply,
+        unsupported="attention weights (output_attentions) run transformers' own forward",
+    )
+)

@@ -1,0 +1,156 @@
+"""relpos.hf.accelerate on transformers' Swin, Swin V2 and Donut Swin: the same outputs and gradients.
+
+Tiny configs with random weights (nothing downloaded); bias tables drawn with std 1 and Swin V2's
+MLP scaled up so the position term moves the outputs far past the tolerance (asserted).
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import DonutSwinConfig, DonutSwinModel, SwinConfig, SwinModel, Swinv2Config, Swinv2Model  # noqa: E402
+
+import relpos.hf as rh  # noqa: E402
+
+FAMILIES = {
+    "swin": (SwinModel, SwinConfig),
+    "swinv2": (Swinv2Model, Swinv2Config),
+    "donut": (DonutSwinModel, DonutSwinConfig),
+}
+# (image size, window): 16x16 patches in windows of 4 (exact), 18x18 (padded to 20), 20x20 in windows of 3 (padded to 21)
+GEOMETRIES = [(32, 4), (36, 4), (40, 3)]
+
+
+def _randomize_position_terms(model: torch.nn.Module) -> None:
+    """Tables ~ N(0, 1); Swin V2's MLP large enough that 16 * sigmoid(.) varies over its range."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "relative_position_bias_table" in name:
+                p.normal_()
+            elif "continuous_position_bias_mlp" in name:
+                p.normal_(std=1.0)
+
+
+def _model(family: str, image_size: int, window: int, **extra) -> torch.nn.Module:
+    cls, config_cls = FAMILIES[family]
+    torch.manual_seed(0)
+    config = config_cls(image_size=image_size, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
+                        window_size=window, **extra)
+    model = cls(config).double().eval()
+    _randomize_position_terms(model)
+    return model
+
+
+def _run(model, pixels):
+    out = model(pixels).last_hidden_state
+    grads = torch.autograd.grad(out.square().sum(), [p for p in model.parameters()])
+    return out.detach(), grads
+
+
+def _layers(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("Layer")]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("image_size,window", GEOMETRIES)
+def test_outputs_and_gradients_equal_transformers(family, image_size, window):
+    model = _model(family, image_size, window)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, image_size, image_size, dtype=torch.float64)
+    ref, ref_grads = _run(model, pixels)
+    out, grads = _run(fast, pixels)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert any(layer.shift_size > 0 for layer in _layers(model))  # shifted windows ran
+    grid = image_size // 2
+    assert (grid % window != 0) == (image_size != 32)  # the padded geometries pad
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_position_term_matters(family):
+    """Zeroing the bias moves the output far beyond the tolerance: the equality above is not vacuous."""
+    model = _model(family, 36, 4)
+    pixels = torch.randn(1, 3, 36, 36, dtype=torch.float64)
+    with torch.no_grad():
+        ref = model(pixels).last_hidden_state
+        for name, p in model.named_parameters():
+            if "relative_position_bias_table" in name or "continuous_position_bias_mlp.2" in name:
+                p.zero_()
+        flat = model(pixels).last_hidden_state
+    assert (ref - flat).abs().max() > 1e-2
+
+
+def test_swinv2_bias_spans_its_range():
+    model = _model("swinv2", 32, 4)
+    attn = next(m for m in model.modules() if type(m).__name__ == "Swinv2SelfAttention")
+    table = 16 * torch.sigmoid(attn.continuous_position_bias_mlp(attn.relative_coords_table))
+    assert table.std() > 1.0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_restore_and_instances_only(family):
+    model = _model(family, 32, 4)
+    other = _model(family, 32, 4)
+    rh.accelerate(model)
+    patched = [m for m in model.modules() if "forward" in vars(m)]
+    assert patched and all(type(m).__name__ in rh.swin.SWIN_ATTENTION_CLASSES for m in patched)
+    assert not any("forward" in vars(m) for m in other.modules())  # another instance is untouched
+    assert rh.is_accelerated(model)
+    rh.restore(model)
+    assert not any("forward" in vars(m) for m in model.modules()) and not rh.is_accelerated(model)
+    pixels = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixels).last_hidden_state, other(pixels).last_hidden_state)
+
+
+@pytest.mark.parametrize("family", ["swin", "swinv2"])
+def test_output_attentions_runs_transformers_forward(family):
+    model = _model(family, 32, 4)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        ref = model(pixels, output_attentions=True)
+        out = fast(pixels, output_attentions=True)
+    assert ref.attentions is not None and len(out.attentions) == len(ref.attentions)
+    for a, b in zip(out.attentions, ref.attentions):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attention_dropout_draws_the_same_mask(family):
+    """Training with attention dropout: the reference path draws the same elements as transformers' eager."""
+    extra = {"attention_probs_dropout_prob": 0.3}
+    if family == "swin":
+        extra["attn_implementation"] = "eager"
+    model = _model(family, 36, 4, **extra).train()
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
+    torch.manual_seed(7)
+    ref = model(pixels).last_hidden_state
+    torch.manual_seed(7)
+    out = fast(pixels).last_hidden_state
+    tol = 1e-6 if family == "swin" else 1e-10  # Swin's eager function takes its softmax in fp32, even for fp64
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    torch.manual_seed(8)
+    assert (fast(pixels).last_hidden_state - ref).abs().max() > 1e-3  # another mask: dropout really acts
+
+
+def test_float32_close():
+    model = _model("swinv2", 36, 4).float()
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, 36, 36)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(pixels).last_hidden_state, model(pixels).last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+def test_check_refuses_a_changed_interface():
+    model = _model("swin", 32, 4)
+    attn = next(m for m in model.modules() if type(m).__name__ == "SwinAttention")
+    del attn.o_proj
+    with pytest.raises(RuntimeError, match="o_proj"):
+        rh.accelerate(model)
+    assert not any("forward" in vars(m) for m in model.modules())  # nothing changed

@@ -1,0 +1,250 @@
+"""relpos.WindowAttention against transformers' SwinLayer and Swinv2Layer with the same weights.
+
+The weights come in under timm's names (``qkv``, ``proj``, ``relative_position_bias_table``,
+``cpb_mlp``, ``q_bias``/``v_bias``, ``logit_scale``), which also tests loading timm state dicts.
+Blocks run in float64; the position terms are drawn large so they matter (asserted).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from relpos import ContinuousPositionBias, WindowAttention, shift_mask, window_attention, window_merge, window_partition
+
+hf_swin = pytest.importorskip("transformers.models.swin.modeling_swin")
+hf_swinv2 = pytest.importorskip("transformers.models.swinv2.modeling_swinv2")
+from transformers import SwinConfig, Swinv2Config  # noqa: E402
+
+DIM, HEADS = 16, 2
+# (window, resolution): exact tiling, padded (7 -> 8), padded in windows of 3 (10 -> 12), non-square map
+CASES = [(4, (8, 8)), (4, (7, 7)), (3, (10, 10)), (2, (6, 5))]
+
+
+def _swin_layer(window, resolution, shift):
+    torch.manual_seed(0)
+    config = SwinConfig(embed_dim=DIM, window_size=window)
+    config._attn_implementation = "sdpa"  # transformers' eager function takes its softmax in fp32, even for fp64
+    layer = hf_swin.SwinLayer(config, DIM, resolution, HEADS, shift_size=shift).double().eval()
+    with torch.no_grad():
+        layer.attention.relative_position_bias.relative_position_bias_table.normal_()
+    return layer
+
+
+def _swinv2_layer(window, resolution, shift, pretrained=0):
+    torch.manual_seed(0)
+    config = Swinv2Config(embed_dim=DIM, window_size=window)
+    layer = hf_swinv2.Swinv2Layer(config, DIM, resolution, HEADS, shift_size=shift, pretrained_window_size=pretrained)
+    layer = layer.double().eval()
+    with torch.no_grad():
+        for p in layer.attention.self.continuous_position_bias_mlp.parameters():
+            p.normal_()
+        layer.attention.self.logit_scale.uniform_(1.0, 4.0)
+    return layer
+
+
+def _v1_attention(layer, window, shift) -> WindowAttention:
+    """A WindowAttention with SwinLayer's weights, loaded under timm's names."""
+    attn = layer.attention
+    state = {
+        "qkv.weight": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+        "qkv.bias": torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]),
+        "proj.weight": attn.o_proj.weight, "proj.bias": attn.o_proj.bias,
+        "relative_position_bias_table": attn.relative_position_bias.relative_position_bias_table,
+        "relative_position_index": attn.relative_position_bias.relative_position_index,  # older timm stores it
+    }
+    ours = WindowAttention(DIM, HEADS, window, shift, dtype=torch.float64)
+    ours.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return ours
+
+
+def _v2_attention(layer, window, shift, pretrained=0) -> WindowAttention:
+    self_attn = layer.attention.self
+    mlp = self_attn.continuous_position_bias_mlp
+    state = {
+        "qkv.weight": torch.cat([self_attn.query.weight, self_attn.key.weight, self_attn.value.weight]),
+        "q_bias": self_attn.query.bias, "v_bias": self_attn.value.bias, "logit_scale": self_attn.logit_scale,
+        "cpb_mlp.0.weight": mlp[0].weight, "cpb_mlp.0.bias": mlp[0].bias, "cpb_mlp.2.weight": mlp[2].weight,
+        "proj.weight": layer.attention.output.dense.weight, "proj.bias": layer.attention.output.dense.bias,
+    }
+    # transformers adds the shift mask twice (-200); Swin V2's paper code adds -100 once
+    ours = WindowAttention(DIM, HEADS, window, shift, position_bias="continuous", cosine=True,
+                           pretrained_window_size=pretrained, mask_value=-200.0, dtype=torch.float64)
+    ours.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return ours
+
+
+def _v1_block(layer, attn, x, resolution):
+    """SwinLayer's block with our attention: pre-norm residuals."""
+    b, _, c = x.shape
+    h = attn(layer.layernorm_before(x).view(b, *resolution, c)).reshape(b, -1, c)
+    h = x + h
+    return h + layer.mlp(layer.layernorm_after(h))
+
+
+def _v2_block(layer, attn, x, resolution):
+    """Swinv2Layer's block with our attention: res-post-norm residuals."""
+    b, _, c = x.shape
+    h = x + layer.layernorm_before(attn(x.view(b, *resolution, c)).reshape(b, -1, c))
+    return h + layer.layernorm_after(layer.output(layer.intermediate(h)))
+
+
+def _compare(ref_fn, our_fn, params_ref, params_ours, x):
+    x_ref = x.clone().requires_grad_()
+    x_ours = x.clone().requires_grad_()
+    ref, ours = ref_fn(x_ref), our_fn(x_ours)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    g_ref = torch.autograd.grad(ref.square().sum(), [x_ref, *params_ref])
+    g_ours = torch.autograd.grad(ours.square().sum(), [x_ours, *params_ours])
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    return ref
+
+
+@pytest.mark.parametrize("window,resolution", CASES)
+@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_swin_block_equals_transformers(window, resolution, shifted, fused):
+    shift = window // 2 if shifted else 0
+    layer = _swin_layer(window, resolution, shift)
+    attn = _v1_attention(layer, window, shift)
+    attn.fused = fused
+    x = torch.randn(2, resolution[0] * resolution[1], DIM, dtype=torch.float64)
+    table_ref = layer.attention.relative_position_bias.relative_position_bias_table
+    table_ours = attn.position_bias.relative_position_bias_table
+    ref = _compare(lambda t: layer(t, resolution)[0], lambda t: _v1_block(layer, attn, t, resolution),
+                   [table_ref], [table_ours], x)
+    assert layer.shift_size == shift  # transformers kept the shift (resolution larger than the window)
+    with torch.no_grad():
+        table_ours.zero_()
+        assert (_v1_block(layer, attn, x, resolution) - ref).abs().max() > 1e-2  # the bias matters
+
+
+@pytest.mark.parametrize("window,resolution", CASES)
+@pytest.mark.parametrize("shifted", [False, True])
+def test_swinv2_block_equals_transformers(window, resolution, shifted):
+    shift = window // 2 if shifted else 0
+    layer = _swinv2_layer(window, resolution, shift)
+    attn = _v2_attention(layer, window, shift)
+    x = torch.randn(2, resolution[0] * resolution[1], DIM, dtype=torch.float64)
+    mlp_ref = list(layer.attention.self.continuous_position_bias_mlp.parameters()) + [layer.attention.self.logit_scale]
+    mlp_ours = list(attn.position_bias.cpb_mlp.parameters()) + [attn.logit_scale]
+    ref = _compare(lambda t: layer(t, resolution)[0], lambda t: _v2_block(layer, attn, t, resolution),
+                   mlp_ref, mlp_ours, x)
+    with torch.no_grad():
+        attn.position_bias.cpb_mlp[2].weight.zero_()
+        assert (_v2_block(layer, attn, x, resolution) - ref).abs().max() > 1e-2
+
+
+def test_swinv2_pretrained_window_size():
+    """A window of 4 read with an MLP trained at 2 (offsets normalised by 1, log-extrapolated)."""
+    layer = _swinv2_layer(4, (8, 8), 2, pretrained=2)
+    attn = _v2_attention(layer, 4, 2, pretrained=2)
+    x = torch.randn(1, 64, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(_v2_block(layer, attn, x, (8, 8)), layer(x, (8, 8))[0], rtol=1e-10, atol=1e-10)
+    coords = attn.position_bias.relative_coords_table
+    assert coords.abs().max() > 1.0  # offsets past the pretrained window: log2(1 + 24) / 3
+
+
+def test_continuous_bias_loads_transformers_names():
+    layer = _swinv2_layer(3, (6, 6), 0)
+    self_attn = layer.attention.self
+    cpb = ContinuousPositionBias(HEADS, 3, dtype=torch.float64)
+    state = {k: v for k, v in self_attn.state_dict().items() if k.startswith("continuous_position_bias_mlp.")}
+    state["relative_coords_table"] = self_attn.relative_coords_table  # older checkpoints store the buffers
+    cpb.load_state_dict(state)
+    table = 16 * torch.sigmoid(self_attn.continuous_position_bias_mlp(self_attn.relative_coords_table).view(-1, HEADS))
+    expected = table[self_attn.relative_position_index.view(-1)].view(9, 9, HEADS).permute(2, 0, 1)
+    torch.testing.assert_close(cpb(), expected)
+
+
+# --- the pieces ---------------------------------------------------------------------------
+
+
+def test_partition_merge_round_trip_and_transformers_order():
+    x = torch.randn(2, 6, 8, 3)
+    windows = window_partition(x, (3, 4))  # (B, nW, N, C)
+    assert windows.shape == (2, 4, 12, 3)
+    assert torch.equal(window_merge(windows, (3, 4), 6, 8), x)
+    x_sq = torch.randn(2, 8, 8, 3)
+    hf = hf_swin.window_partition(x_sq, 4).view(2, 4, 16, 3)
+    assert torch.equal(window_partition(x_sq, (4, 4)), hf)
+
+
+@pytest.mark.parametrize("size,window,shift", [(8, 4, 2), (12, 3, 1), (6, 2, 1)])
+def test_shift_mask_equals_swins(size, window, shift):
+    config = SwinConfig(window_size=window)
+    layer = hf_swin.SwinLayer(config, DIM, (size, size), HEADS, shift_size=shift)
+    ref = layer.get_attn_mask(size, size, torch.float32, torch.device("cpu"))
+    assert torch.equal(shift_mask(size, size, window, shift), ref)
+    assert (ref != 0).any()
+
+
+def test_shift_mask_by_hand():
+    # 2x4 map, 2x2 windows, shift 1: window 1 holds columns 2, 3 of which column 3 came from the left border
+    mask = shift_mask(2, 4, 2, 1, mask_value=-1.0)
+    assert mask.shape == (2, 4, 4)
+    # window 0: rows 0, 1, columns 0, 1: row 1 is the wrapped border row (region 2), row 0 region 1
+    assert mask[0].tolist() == [[0, 0, -1, -1], [0, 0, -1, -1], [-1, -1, 0, 0], [-1, -1, 0, 0]]
+
+
+def test_window_attention_never_expands_the_bias_per_example():
+    """No op of the forward makes a (B, nW, H, N, N) tensor; the kernel gets the bias as (1, nW * H, N, N)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen, sizes = [], []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+                seen.append(tuple(kwargs["attn_mask"].shape))
+            out = func(*args, **kwargs)
+            sizes.extend(t.numel() for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor))
+            return out
+
+    b, nw, h, n, d = 5, 4, 2, 9, 8
+    q, k, v = (torch.randn(b, nw, h, n, d) for _ in range(3))
+    bias = torch.randn(nw, h, n, n)
+    with Spy():
+        out = window_attention(q, k, v, bias)
+    assert seen == [(1, nw * h, n, n)]
+    assert max(sizes) < b * nw * h * n * n
+    ref = torch.softmax(q @ k.transpose(-1, -2) / d**0.5 + bias, -1) @ v
+    torch.testing.assert_close(out, ref)
+
+
+def test_window_attention_gradients_match_reference_float32():
+    q, k, v = (torch.randn(3, 4, 2, 16, 8, requires_grad=True) for _ in range(3))
+    bias = torch.randn(4, 2, 16, 16, requires_grad=True)
+    grads = []
+    for fused in (True, False):
+        out = window_attention(q, k, v, bias, fused=fused)
+        grads.append(torch.autograd.grad(out.square().sum(), [q, k, v, bias]))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_cosine_attention_clamps_the_logit_scale():
+    attn = WindowAttention(8, 2, 2, position_bias="none", cosine=True, dtype=torch.float64)
+    with torch.no_grad():
+        attn.logit_scale.fill_(10.0)  # exp(10) clamps to 100
+    x = torch.randn(1, 2, 2, 8, dtype=torch.float64)
+    q, k, _, scale = attn.project(window_partition(x, (2, 2)))
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    torch.testing.assert_close(q @ k.transpose(-1, -2) * scale, 100.0 * cos)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="shift_size must be smaller than the window"):
+        WindowAttention(8, 2, 4, 4)
+    with pytest.raises(ValueError, match="dim must be a multiple of num_heads"):
+        WindowAttention(9, 2, 4)
+    with pytest.raises(ValueError, match="position_bias must be one of"):
+        WindowAttention(8, 2, 4, position_bias="rope")
+    with pytest.raises(ValueError, match=r"x must be \(B, Hf, Wf, C=8\)"):
+        WindowAttention(8, 2, 4)(torch.randn(1, 16, 8))
+    with pytest.raises(ValueError, match="bias must be"):
+        window_attention(*(torch.randn(1, 2, 2, 4, 8) for _ in range(3)), torch.randn(3, 2, 4, 4))
+    with pytest.raises(ValueError, match="pretrained_window_size"):
+        ContinuousPositionBias(2, 4, pretrained_window_size=(4, -1))
