@@ -160,10 +160,26 @@ def _dead_rows(key_mask: torch.Tensor, query_length: int, q_offset: int) -> torc
     return position[None, :] < first[:, None]  # (B, Lq)
 
 
-def _mean_values(value: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, H, 1, dv): uniform weights over every key, what transformers gives a fully masked row."""
-    mean = value.float().mean(dim=-2, keepdim=True).to(value.dtype)  # (B, Hkv, 1, dv)
-    return mean.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, 1, dv)
+def _uniform_rows(query, key, value, scale: float, scores_learn: bool) -> torch.Tensor:
+    """(B, H, Lq, dv): what transformers gives a query row whose every score holds the dtype's minimum.
+
+    Forward: uniform weights over all ``Lk`` keys, the mean of the values. Backward, when the
+    minimum was *added* to the scores (``scores_learn``): the gradient softmax has at uniform
+    weights, ``d out_i / d s_ij = (v_j - mean v) / Lk``, reaching the queries and keys, computed
+    through ``K^T V`` (``(d, dv)`` per head) instead of the ``(Lq, Lk)`` scores. When the minimum
+    was *filled* in (``masked_fill``), no gradient reaches the scores.
+    """
+    heads, acc = query.shape[1], torch.promote_types(query.dtype, torch.float32)
+    key = key.repeat_interleave(heads // key.shape[1], dim=1).to(acc)  # (B, H, Lk, d)
+    value = value.repeat_interleave(heads // value.shape[1], dim=1).to(acc)  # (B, H, Lk, dv)
+    mean = value.mean(dim=-2, keepdim=True)  # (B, H, 1, dv)
+    if not scores_learn:
+        return mean.to(query.dtype).expand(-1, -1, query.shape[2], -1)  # (B, H, Lq, dv)
+    q = query.to(acc) * scale  # (B, H, Lq, d)
+    weighted = q @ (key.transpose(-2, -1) @ value.detach()) / key.shape[2]  # (B, H, Lq, dv): mean_j s_ij v_j
+    centre = q @ key.mean(dim=-2, keepdim=True).transpose(-2, -1)  # (B, H, Lq, 1): mean_j s_ij
+    zero = (weighted - weighted.detach()) - (centre - centre.detach()) * mean.detach()  # value 0, gradient above
+    return (mean + zero).to(query.dtype)  # (B, H, Lq, dv)
 
 
 def alibi_attention(
@@ -176,6 +192,7 @@ def alibi_attention(
     scale: float,
     dropout_p: float = 0.0,
     output_attentions: bool = False,
+    scores_learn: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of the last ``Lq`` positions over ``Lk`` keys, as the ALiBi families compute it.
 
@@ -183,7 +200,8 @@ def alibi_attention(
     ``None`` when the caller folded its bias into the channels); ``mask`` the key padding mask ``(B, Lk)``
     or a boolean ``(B, 1, Lq, Lk)`` mask (``True`` = attend), causal or not (the causal mask is applied).
     Returns ``(out (B, H, Lq, dv), weights (B, H, Lq, Lk) or None)``; rows that see no real key get
-    the mean of the values (uniform weights), as in transformers.
+    the mean of the values (uniform weights), as in transformers, with its gradient
+    (``scores_learn``: the model adds its mask, so those rows' scores still get gradients).
     """
     query_length, key_length = query.shape[2], key.shape[2]
     q_offset = key_length - query_length
@@ -205,5 +223,5 @@ def alibi_attention(
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
     if dead is not None:
-        out = torch.where(dead, _mean_values(value, query.shape[1]), out)  # (B, H, Lq, dv)
+        out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None

@@ -42,7 +42,7 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, position_bias,
     out, weights = alibi_attention(
         query, key, value, bias=alibi_bias if position_bias is not None else None, mask=attention_mask,
         scale=module.softmax_scale, dropout_p=module.attn_dropout_p if module.training else 0.0,
-        output_attentions=bool(kwargs.get("output_attentions")),
+        output_attentions=bool(kwargs.get("output_attentions")), scores_learn=False,  # MPT masks with masked_fill
     )
     context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     return module.out_proj(context), weights
