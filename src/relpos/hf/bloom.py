@@ -46,7 +46,7 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
         out, weights = alibi_attention(query, key, value, bias=None, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions)
-        out = out[..., :-1]  # (B, H, Lq, d)
+        out = out[..., : module.head_dim]  # (B, H, Lq, d): the extra channel dropped
     context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     dropout_add = sys.modules[type(module).__module__].dropout_add
     output = dropout_add(module.dense(context), residual, module.hidden_dropout, module.training)  # (B, Lq, D)

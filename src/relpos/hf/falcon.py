@@ -47,7 +47,7 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
         query, key, value, bias=None, mask=attention_mask, scale=module.inv_norm_factor,
         dropout_p=module.attention_dropout.p if module.training else 0.0, output_attentions=output_attentions,
     )
-    context = out[..., :-1].transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
+    context = out[..., : module.head_dim].transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     return module.dense(context), weights
 
 
