@@ -401,3 +401,30 @@ def test_the_error_for_other_models_names_the_alibi_families():
     with pytest.raises(TypeError) as error:
         rh.accelerate(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
     assert all(name in str(error.value) for name in ("Bloom", "MPT", "Falcon (alibi=True)", "gpt2"))
+
+
+def test_model_benchmark_runs_for_an_alibi_family(tmp_path):
+    """benchmarks/t5_model.py --family mpt at a tiny size (no timing assertions): every variant of every mode."""
+    import json
+
+    from relpos.hf.bench import main
+
+    out = tmp_path / "mpt.json"
+    assert main(["--family", "mpt", "--lengths", "32", "--batches", "2", "--modes", "forward,train,generate",
+                 "--rounds", "1", "--d-model", "32", "--heads", "4", "--layers", "1", "--json", str(out),
+                 "--markdown", str(tmp_path / "mpt.md")]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert {(r["mode"], r["variant"]) for r in results} == {
+        (m, v) for m in ("forward", "train", "generate") for v in ("hf_eager", "relpos", "no_bias_floor")
+    }
+    assert all(r["ms"] > 0 for r in results) and "fastest hf / relpos" in (tmp_path / "mpt.md").read_text()
+
+
+def test_model_benchmark_skips_a_family_accelerate_refuses(tmp_path, monkeypatch):
+    from relpos.hf import bench
+
+    gpt2 = bench.Builder(lambda mode, config: transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
+    monkeypatch.setitem(bench.BUILDERS, "t5", gpt2)
+    report = bench.run_model_bench(bench.ModelBenchConfig(lengths=(16,), batches=(1,), modes=("forward",), rounds=1))
+    assert report["results"] == [] and "model_type='gpt2'" in report["refused"]
+    assert bench.markdown(report).startswith("t5: skipped, relpos.hf.accelerate refuses it here")
