@@ -8,6 +8,7 @@ transformers is an optional dependency: ``pip install "relpos[hf]"``. Nothing he
 from . import t5  # noqa: F401  (registers the T5 family)
 from . import swin  # noqa: F401  (registers Swin, Swin V2, Donut Swin)
 from . import sam  # noqa: F401  (registers SAM, SAM-HQ, ViTDet)
+from . import bloom, falcon, mpt  # noqa: F401  (register the ALiBi families)
 from ._family import FAMILIES, Family, find_family
 from .api import accelerate, is_accelerated, restore
 from .t5 import SUPPORTED_MODEL_TYPES

@@ -1,30 +1,37 @@
-"""Model-level benchmark: transformers' T5 as users run it, against the same model after :func:`accelerate`.
+"""Model-level benchmark: a transformers family as users run it, against the same model after :func:`accelerate`.
 
-Variants (the same weights in each):
+``--family`` picks the family from :data:`BUILDERS` (a table from family to a small model builder
+with random weights). Variants (the same weights in each):
 
-* ``hf_eager`` / ``hf_sdpa``: ``attn_implementation="eager"`` / ``"sdpa"`` (transformers' dense
-  ``compute_bias``, bias and mask added into one ``(B, H, Lq, Lk)`` tensor);
+* ``hf_eager`` / ``hf_sdpa``: transformers' own attention (``attn_implementation="eager"`` /
+  ``"sdpa"``; ``hf_sdpa`` only for families that support it), the bias and mask added into one
+  ``(B, H, Lq, Lk)`` tensor;
 * ``relpos``: :func:`relpos.hf.accelerate`;
 * ``no_bias_floor``: the same model with plain SDPA attention and no bias and no mask at all (not
   the same function: the floor any bias implementation is measured against).
 
-Modes: ``forward`` (T5 encoder, ``torch.no_grad``), ``train`` (T5 encoder, forward + backward of
-the summed output, ``model.train()`` with T5's dropout 0.1), ``generate`` (encoder-decoder,
-greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer encoder forward). Every batch is
-padded: example 0 is full, the others hold 73% of L real tokens (1500 of 2048). Times are medians
-of interleaved rounds; memory is the peak resident memory added by the call (:mod:`relpos.bench`).
+Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad``), ``train``
+(forward + backward of the summed output, ``model.train()`` with dropout 0.1), ``generate``
+(greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
+example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
+on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
+peak resident memory added by the call (:mod:`relpos.bench`). A family that ``accelerate``
+refuses (an adapter not in this installation) is skipped with its message.
 
-    python benchmarks/t5_model.py --json docs/bench-t5.json --markdown docs/bench-t5.md
+    python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/bench-bloom.json --markdown docs/bench-bloom.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
 import platform
 from dataclasses import asdict, dataclass
+from typing import Callable
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -34,15 +41,18 @@ from .._progress import Progress
 from ..bench import _timed_rounds
 from .api import accelerate
 
-__all__ = ["ModelBenchConfig", "run_model_bench", "markdown"]
+__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
 
 MODES = ("forward", "train", "generate", "layer")
 VARIANTS = ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
+HF_VARIANTS = ("hf_eager", "hf_sdpa")
 FLOOR = "relpos_no_bias_floor"
+VOCAB = 512
 
 
 @dataclass
 class ModelBenchConfig:
+    family: str = "t5"
     lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
     batches: tuple[int, ...] = (1, 2, 4)
     modes: tuple[str, ...] = MODES
@@ -54,68 +64,190 @@ class ModelBenchConfig:
     memory_limit_gib: float = 14.0
 
 
+@dataclass(frozen=True)
+class Builder:
+    """How to build one family's small model: ``build(mode, config) -> model`` (random weights).
+
+    ``decoder_only``: generation pads on the left; ``sdpa``: transformers has an sdpa path; ``alibi``:
+    an ALiBi family (no attention interface: its floor swaps relpos's attention for plain SDPA);
+    ``extra(batch, length)``: further inputs the model needs (UDOP's boxes); ``generate``: False
+    where ``generate`` needs inputs this benchmark does not make (Pop2Piano's audio features).
+    """
+
+    build: Callable
+    decoder_only: bool = False
+    sdpa: bool = True
+    alibi: bool = False
+    extra: Callable | None = None
+    generate: bool = True
+
+
 def _floor_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     out = F.scaled_dot_product_attention(query, key, value, is_causal=bool(module.is_causal) and query.shape[2] > 1,
                                          dropout_p=dropout, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
-    from transformers import AttentionInterface, T5Config, T5EncoderModel, T5ForConditionalGeneration
+def _floor_alibi_attention(query, key, value, *, scale, dropout_p=0.0, **kwargs):
+    """The ALiBi families' floor: causal SDPA, no bias, no padding mask."""
+    causal = query.shape[2] > 1  # a prompt (Lq == Lk); one decoded token sees every key
+    gqa = {"enable_gqa": True} if key.shape[1] != query.shape[1] else {}
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, dropout_p=dropout_p, scale=scale, **gqa)
+    return out, None
 
-    AttentionInterface.register(FLOOR, _floor_attention)
-    t5 = T5Config(
-        vocab_size=512, d_model=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
+
+@contextlib.contextmanager
+def _alibi_floor():
+    """While timing the floor variant: the ALiBi families' attention without bias or mask."""
+    from . import bloom, falcon, mpt
+
+    with contextlib.ExitStack() as stack:
+        for module in (bloom, falcon, mpt):
+            stack.enter_context(mock.patch.object(module, "alibi_attention", _floor_alibi_attention))
+        stack.enter_context(mock.patch.object(falcon, "per_key_channel", lambda q, k, v, per_key: (q, k, v)))
+        yield
+
+
+def _t5_config(config_class, config: ModelBenchConfig, mode: str, **extra):
+    return config_class(
+        vocab_size=VOCAB, d_model=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
         d_ff=2 * config.d_model, num_layers=1 if mode == "layer" else config.layers,
         num_decoder_layers=config.layers, dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        **extra,
     )
+
+
+def _seq2seq(config_name: str, encoder_name: str, generator_name: str, **extra):
+    def build(mode: str, config: ModelBenchConfig):
+        import transformers
+
+        model_class = getattr(transformers, generator_name if mode == "generate" else encoder_name)
+        return model_class(_t5_config(getattr(transformers, config_name), config, mode, **extra))
+
+    return build
+
+
+def _decoder(config_name: str, base_name: str, lm_name: str, fields: Callable):
+    def build(mode: str, config: ModelBenchConfig):
+        import transformers
+
+        layers = 1 if mode == "layer" else config.layers
+        settings = fields(config.d_model, config.heads, layers)
+        model_config = getattr(transformers, config_name)(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **settings)
+        return getattr(transformers, lm_name if mode == "generate" else base_name)(model_config)
+
+    return build
+
+
+def _pix2struct(mode: str, config: ModelBenchConfig):
+    import transformers
+
+    text = transformers.Pix2StructTextConfig(
+        vocab_size=VOCAB, hidden_size=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
+        d_ff=2 * config.d_model, num_layers=1 if mode == "layer" else config.layers, dropout_rate=0.1,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )
+    return transformers.Pix2StructTextModel(text)
+
+
+def _udop_boxes(batch: int, length: int) -> dict:
+    g = torch.Generator().manual_seed(length + 1)
+    corners = torch.rand(batch, length, 2, generator=g) * 0.8  # (B, L, 2)
+    return {"bbox": torch.cat([corners, corners + 0.1], dim=-1)}  # (B, L, 4): x0, y0, x1, y1 in [0, 1]
+
+
+#: family -> how to build its small model; the --family choices
+BUILDERS: dict[str, Builder] = {
+    "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration")),
+    "bloom": Builder(_decoder("BloomConfig", "BloomModel", "BloomForCausalLM", lambda d, h, n: dict(
+        hidden_size=d, n_head=h, n_layer=n, hidden_dropout=0.1, attention_dropout=0.1)), decoder_only=True, sdpa=False, alibi=True),
+    "mpt": Builder(_decoder("MptConfig", "MptModel", "MptForCausalLM", lambda d, h, n: dict(
+        d_model=d, n_heads=h, n_layers=n, max_seq_len=8192)), decoder_only=True, sdpa=False, alibi=True),
+    "falcon": Builder(_decoder("FalconConfig", "FalconModel", "FalconForCausalLM", lambda d, h, n: dict(
+        hidden_size=d, num_attention_heads=h, num_hidden_layers=n, alibi=True, hidden_dropout=0.1,
+        attention_dropout=0.1)), decoder_only=True, alibi=True),
+    "switch_transformers": Builder(_seq2seq("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
+                                            "SwitchTransformersForConditionalGeneration", num_experts=4,
+                                            expert_capacity=4096), sdpa=False),
+    "pop2piano": Builder(_seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration",
+                                  "Pop2PianoForConditionalGeneration"), generate=False),
+    "pix2struct": Builder(_pix2struct, decoder_only=True, generate=False),
+    "udop": Builder(_seq2seq("UdopConfig", "UdopEncoderModel", "UdopForConditionalGeneration"), extra=_udop_boxes),
+    "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False),
+}
+
+
+def _variant_names(builder: Builder) -> tuple[str, ...]:
+    return tuple(v for v in VARIANTS if builder.sdpa or v != "hf_sdpa")
+
+
+def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FLOOR, _floor_attention)
+    builder = BUILDERS[config.family]
     torch.manual_seed(0)
-    base = (T5ForConditionalGeneration if mode == "generate" else T5EncoderModel)(t5)
+    base = builder.build(mode, config)
     base.train(mode == "train")
     models = {}
-    for name in VARIANTS:
+    for name in _variant_names(builder):
         model = copy.deepcopy(base)
-        if name == "hf_eager":
-            model.set_attn_implementation("eager")
-        elif name == "hf_sdpa":
-            model.set_attn_implementation("sdpa")
+        if name in HF_VARIANTS and builder.alibi:
+            model.config._attn_implementation = name[3:]  # these models refuse set_attn_implementation
+        elif name in HF_VARIANTS:
+            model.set_attn_implementation(name[3:])
         else:
-            accelerate(model)  # per-offset bias
-            if name == "no_bias_floor":
+            accelerate(model)
+            if name == "no_bias_floor" and not builder.alibi:
                 model.set_attn_implementation(FLOOR)  # ... then ignored, with the mask
         models[name] = model
     return models
 
 
-def _inputs(batch: int, length: int):
+def _inputs(batch: int, length: int, left: bool = False):
     g = torch.Generator().manual_seed(length)
-    ids = torch.randint(2, 512, (batch, length), generator=g)
+    ids = torch.randint(2, VOCAB, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
-    mask[1:, int(length * 0.73) :] = 0  # every example but the first is padded
+    real = int(length * 0.73)
+    if left:
+        mask[1:, : length - real] = 0  # decoder-only generation pads on the left
+    else:
+        mask[1:, real:] = 0  # every example but the first is padded
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def _step(mode: str, model, ids, mask, new_tokens: int):
+def _output(out):
+    return out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out.logits
+
+
+def _step(mode: str, model, ids, mask, new_tokens: int, extra: dict, floor: bool):
+    kwargs = {"input_ids": ids, "attention_mask": mask, **extra}
     if mode == "train":
 
         def run():
             model.zero_grad(set_to_none=True)
-            model(input_ids=ids, attention_mask=mask).last_hidden_state.sum().backward()
+            _output(model(**kwargs)).sum().backward()
 
     elif mode == "generate":
 
         def run():
             with torch.no_grad():
-                model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                               do_sample=False)
+                model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
 
     else:
 
         def run():
             with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask)
+                model(**kwargs)
 
-    return run
+    if not floor:
+        return run
+
+    def floored():
+        with _alibi_floor():
+            run()
+
+    return floored
 
 
 def _fits(variant: str, mode: str, batch: int, length: int, config: ModelBenchConfig) -> bool:
@@ -124,28 +256,47 @@ def _fits(variant: str, mode: str, batch: int, length: int, config: ModelBenchCo
     return copies * dense <= config.memory_limit_gib
 
 
+def _refusal(config: ModelBenchConfig) -> str | None:
+    """Why ``accelerate`` refuses this family here (its adapter is not installed), or None."""
+    try:
+        accelerate(BUILDERS[config.family].build("layer", ModelBenchConfig(d_model=32, heads=2, layers=1)))
+    except (TypeError, ValueError, RuntimeError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def run_model_bench(config: ModelBenchConfig) -> dict:
     import transformers
 
     import relpos
 
-    plan = [(m, b, n) for m in config.modes for b in config.batches for n in config.lengths]
-    progress = Progress(len(plan) * len(VARIANTS) * config.rounds)
+    builder = BUILDERS[config.family]
+    names = _variant_names(builder)
+    modes = [m for m in config.modes if m != "generate" or builder.generate]
+    refused = _refusal(config)
+    plan = [(m, b, n) for m in modes for b in config.batches for n in config.lengths] if refused is None else []
+    progress = Progress(len(plan) * len(names) * config.rounds)
     results = []
-    for mode in config.modes:
+    for mode in sorted(set(config.modes) - set(modes)):
+        results.append({"mode": mode, "variant": "all", "ms": None, "peak_mib": None,
+                        "note": f"skipped: {config.family} generate needs inputs this benchmark does not build"})
+    for mode in modes if refused is None else ():
         models = _models(config, mode)
+        left = builder.decoder_only and mode == "generate"
         for batch in config.batches:
             for length in config.lengths:
-                ids, mask = _inputs(batch, length)
+                ids, mask = _inputs(batch, length, left)
+                extra = builder.extra(batch, length) if builder.extra else {}
                 variants = {}
                 for name, model in models.items():
                     if _fits(name, mode, batch, length, config):
-                        variants[name] = _step(mode, model, ids, mask, config.new_tokens)
+                        floor = name == "no_bias_floor" and builder.alibi
+                        variants[name] = _step(mode, model, ids, mask, config.new_tokens, extra, floor)
                     else:
                         results.append({"mode": mode, "batch": batch, "length": length, "variant": name,
                                         "ms": None, "peak_mib": None, "note": "skipped: over the memory limit"})
                         progress.total -= config.rounds
-                label = f"{mode} B={batch} L={length}"
+                label = f"{config.family} {mode} B={batch} L={length}"
                 for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
@@ -156,34 +307,50 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
         "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "relpos": relpos.__version__},
         "config": asdict(config),
+        "variants": list(names),
+        "refused": refused,
         "results": results,
     }
 
 
+def _fastest_hf(table: dict, key: tuple) -> dict | None:
+    timed = [table[key + (v,)] for v in HF_VARIANTS if table.get(key + (v,)) and table[key + (v,)]["ms"]]
+    return min(timed, key=lambda r: r["ms"]) if timed else None
+
+
 def markdown(report: dict) -> str:
-    table = {(r["mode"], r["batch"], r["length"], r["variant"]): r for r in report["results"]}
-    lines = []
+    if report.get("refused"):
+        return f"{report['config']['family']}: skipped, relpos.hf.accelerate refuses it here: {report['refused']}\n"
+    names = report.get("variants", VARIANTS)
+    table = {(r["mode"], r["batch"], r["length"], r["variant"]): r for r in report["results"] if "batch" in r}
+    lines = [f"{r['mode']}: {r['note']}" for r in report["results"] if "batch" not in r]
     for mode in report["config"]["modes"]:
-        lines += [f"### {mode}", "", "| B | L | " + " | ".join(VARIANTS) + " | hf_sdpa / relpos (time) | relpos / hf_sdpa (memory) |",
-                  "|---|---|" + "---|" * (len(VARIANTS) + 2)]
+        if not any(key[0] == mode for key in table):
+            continue
+        lines += [f"### {mode}", "", "| B | L | " + " | ".join(names)
+                  + " | fastest hf / relpos (time) | relpos / fastest hf (memory) |", "|---|---|" + "---|" * (len(names) + 2)]
         for batch in report["config"]["batches"]:
             for length in report["config"]["lengths"]:
                 cells = []
-                for name in VARIANTS:
+                for name in names:
                     r = table.get((mode, batch, length, name))
                     cells.append("skipped" if r is None or r["ms"] is None else f"{r['ms']:.0f} ms / {r['peak_mib']:.0f} MiB")
-                sdpa, ours = table.get((mode, batch, length, "hf_sdpa")), table.get((mode, batch, length, "relpos"))
+                best, ours = _fastest_hf(table, (mode, batch, length)), table.get((mode, batch, length, "relpos"))
                 speed = memory = "n/a"
-                if sdpa and ours and sdpa["ms"] and ours["ms"]:
-                    speed = f"{sdpa['ms'] / ours['ms']:.2f}x"
-                    memory = f"{ours['peak_mib'] / sdpa['peak_mib']:.2f}x" if sdpa["peak_mib"] else "n/a"
+                if best and ours and ours["ms"]:
+                    speed = f"{best['ms'] / ours['ms']:.2f}x ({best['variant'][3:]})"
+                    memory = f"{ours['peak_mib'] / best['peak_mib']:.2f}x" if best["peak_mib"] else "n/a"
                 lines.append(f"| {batch} | {length} | " + " | ".join(cells) + f" | {speed} | {memory} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="T5 model benchmark: transformers eager/sdpa vs relpos.hf.accelerate")
+    parser = argparse.ArgumentParser(description="Model benchmark: transformers eager/sdpa vs relpos.hf.accelerate")
+    parser.add_argument("--family", default="t5", choices=sorted(BUILDERS), help="the model family (default t5)")
+    parser.add_argument("--d-model", type=int, default=256, help="model width (default 256)")
+    parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
+    parser.add_argument("--layers", type=int, default=2, help="layers (default 2)")
     parser.add_argument("--lengths", default="512,1024,2048,4096", help="comma-separated sequence lengths")
     parser.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)}")
@@ -196,12 +363,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes must be among {', '.join(MODES)}; got {args.modes}")
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
-        modes=modes, rounds=args.rounds,
+        modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
     )
     report = run_model_bench(config)
     text = markdown(report)
     machine = report["machine"]
-    header = f"machine: {machine['platform']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}"
+    c = report["config"]
+    header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; machine: "
+              f"{machine['platform']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}")
     print(header, "", text, sep="\n")
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))

@@ -1,0 +1,227 @@
+"""What the ALiBi families (Bloom, MPT, Falcon) share on relpos attention.
+
+These models have no attention-function hook: their attention modules compute scores inline.
+An adapter therefore replaces the ``forward`` of each attention module *instance* (never the
+class) and switches the model's masks to 2-D key padding masks ``(B, Lk)``:
+
+1. ``config._attn_implementation`` becomes ``"relpos_alibi"``, registered in transformers'
+   ``AttentionMaskInterface`` only, with :func:`key_padding_mask`. transformers then hands every
+   layer the padding mask ``(B, Lk)`` instead of building ``(B, 1, Lq, Lk)`` (Falcon even merged its
+   ALiBi into a ``(B, H, Lq, Lk)`` mask). Nothing else in these models reads that name.
+2. Each attention instance gets a ``forward`` that calls :func:`alibi_attention`: causal
+   :func:`relpos.attention` with the ALiBi per offset (:class:`relpos.ALiBi` with the model's own
+   slopes) or, where the model's ALiBi is not a function of the offset, its per-key values folded
+   into one extra query/key channel (:func:`per_key_channel`). Neither builds ``(B, H, Lq, Lk)``.
+
+:func:`patch_instances` returns the undo: the instance forwards deleted (the class's show through)
+and every config's attention implementation set back. Parameters, buffers and the state dict are
+untouched.
+
+Equalities this rests on (tested in tests/test_hf_alibi.py against the unmodified models):
+
+* ALiBi written per key position (``m * pos_j``, Bloom and MPT) and per offset (``m * (j - i)``)
+  differ by ``m * pos_i``, a constant along each query row, which softmax cancels. With padding
+  it holds as long as each example's kept keys are one contiguous run (left or right padding):
+  Bloom counts positions from each example's first real token, ``pos_j = j - first``.
+* A query row with no visible key (a left-padding position) gets, in transformers' eager code,
+  the dtype's minimum on every score, hence uniform weights over all ``Lk`` keys: the mean of the
+  values. :func:`alibi_attention` returns exactly that (relpos itself returns zeros there).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..alibi import ALiBi
+from ..attention import attention
+
+__all__ = ["MASK_NAME", "alibi_attention", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel"]
+
+MASK_NAME = "relpos_alibi"
+
+
+def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                     attention_mask=None, **kwargs) -> torch.Tensor:
+    """transformers mask function: the ``(B, kv_length)`` key padding mask (``True`` = a real token), always a tensor."""
+    if attention_mask is None:
+        return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))  # (B, Lk)
+    mask = attention_mask[:, -kv_length:].bool()  # (B, <= Lk)
+    if mask.shape[-1] < kv_length:  # never for a dynamic cache; static caches are refused at the layer
+        mask = nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=False)
+    return mask
+
+
+def _register_masks() -> None:
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionMaskInterface.register(MASK_NAME, key_padding_mask)
+
+
+def _configs(model: nn.Module) -> list:
+    """Every distinct config object of the model and its sub-models."""
+    seen: dict[int, object] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Callable[[], None]:
+    """Give each module its forward (an instance attribute) and the model 2-D padding masks; return the undo."""
+    _register_masks()
+    configs = _configs(model)
+    previous = [config._attn_implementation for config in configs]
+    for module, forward in forwards.items():
+        module.forward = forward  # instance attribute: this model only, the class is untouched
+    for config in configs:
+        config._attn_implementation = MASK_NAME
+
+    def undo() -> None:
+        for module in forwards:
+            del module.forward  # the class's forward shows through again
+        for config, name in zip(configs, previous):
+            config._attn_implementation = name
+
+    return undo
+
+
+def check_fits(module: nn.Module, family: str, *, parameters: list[str], attributes: tuple[str, ...],
+               children: set[str], helpers: tuple[str, ...] = ()) -> None:
+    """The installed transformers' attention module has what the instance forward relies on (else RuntimeError)."""
+    import inspect
+    import sys
+
+    import transformers
+
+    got = list(inspect.signature(type(module).forward).parameters)
+    missing = [a for a in attributes if not hasattr(module, a)]
+    source = sys.modules[type(module).__module__]
+    missing += [f"{source.__name__}.{h}" for h in helpers if not hasattr(source, h)]
+    extra = {name for name, _ in module.named_children()} - children
+    if got != parameters or missing or extra:
+        raise RuntimeError(
+            f"relpos.hf.accelerate ({family}) does not fit {type(module).__name__} of the installed transformers "
+            f"{transformers.__version__}: it needs forward{tuple(parameters[1:])} (got {tuple(got[1:])}), "
+            f"the attributes {missing or 'present'} and no sub-modules besides {sorted(children)} (extra: "
+            f"{sorted(extra) or 'none'}). Use transformers 5.x as tested, or run the model unaccelerated."
+        )
+
+
+def refuse_static_cache(cache, family: str) -> None:
+    if getattr(cache, "is_compileable", False):
+        raise ValueError(
+            f"relpos.hf ({family}): past_key_values is a {type(cache).__name__} (a static cache), which relpos's ALiBi "
+            "families do not support: its key length is the cache size, not the tokens seen. Use the default "
+            "dynamic cache (generate(..., cache_implementation=None)) or relpos.hf.restore(model)"
+        )
+
+
+def contiguous(key_mask: torch.Tensor) -> bool:
+    """True when each row of ``key_mask`` (B, Lk) keeps one contiguous run of keys (or none).
+
+    >>> contiguous(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]]).bool())
+    True
+    >>> contiguous(torch.tensor([[1, 0, 1, 1]]).bool())
+    False
+    """
+    kept = key_mask.sum(-1)  # (B,)
+    first = key_mask.int().argmax(-1)  # (B,) first kept key (0 when none)
+    last = key_mask.shape[-1] - 1 - key_mask.flip(-1).int().argmax(-1)  # (B,) last kept key
+    return bool(((kept == 0) | (last - first + 1 == kept)).all())
+
+
+def per_key_channel(query, key, value, per_key: torch.Tensor):
+    """Fold an additive per-key term into one extra channel: ``[q, 1] . [k, b_j] = q . k + b_j``.
+
+    ``per_key`` is ``(B, H, Lk)``, added to ``q . k`` *before* the logit scale. Key and value heads
+    are repeated to the query's ``H`` (the term is per query head); the value gets a zero channel so
+    that query, key and value share one head dimension (CPU SDPA's fused kernel wants that).
+    Returns ``(q, k, v)`` with ``d + 1`` channels; drop the output's last channel.
+    """
+    heads = query.shape[1]
+    if key.shape[1] != heads:
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, d)
+    ones = query.new_ones(*query.shape[:3], 1)  # (B, H, Lq, 1)
+    query = torch.cat([query, ones], dim=-1)  # (B, H, Lq, d + 1)
+    key = torch.cat([key, per_key.to(key.dtype)[..., None]], dim=-1)  # (B, H, Lk, d + 1)
+    value = torch.cat([value, value.new_zeros(*value.shape[:3], 1)], dim=-1)  # (B, H, Lk, d + 1)
+    return query, key, value
+
+
+def _dead_rows(key_mask: torch.Tensor, query_length: int, q_offset: int) -> torch.Tensor:
+    """(B, Lq): queries that see no real key under the causal mask (left-padding positions)."""
+    first = torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])  # (B,)
+    position = torch.arange(query_length, device=key_mask.device) + q_offset  # (Lq,)
+    return position[None, :] < first[:, None]  # (B, Lq)
+
+
+def _uniform_rows(query, key, value, scale: float, scores_learn: bool) -> torch.Tensor:
+    """(B, H, Lq, dv): what transformers gives a query row whose every score holds the dtype's minimum.
+
+    Forward: uniform weights over all ``Lk`` keys, the mean of the values. Backward, when the
+    minimum was *added* to the scores (``scores_learn``): the gradient softmax has at uniform
+    weights, ``d out_i / d s_ij = (v_j - mean v) / Lk``, reaching the queries and keys, computed
+    through ``K^T V`` (``(d, dv)`` per head) instead of the ``(Lq, Lk)`` scores. When the minimum
+    was *filled* in (``masked_fill``), no gradient reaches the scores.
+    """
+    heads, acc = query.shape[1], torch.promote_types(query.dtype, torch.float32)
+    key = key.repeat_interleave(heads // key.shape[1], dim=1).to(acc)  # (B, H, Lk, d)
+    value = value.repeat_interleave(heads // value.shape[1], dim=1).to(acc)  # (B, H, Lk, dv)
+    mean = value.mean(dim=-2, keepdim=True)  # (B, H, 1, dv)
+    if not scores_learn:
+        return mean.to(query.dtype).expand(-1, -1, query.shape[2], -1)  # (B, H, Lq, dv)
+    q = query.to(acc) * scale  # (B, H, Lq, d)
+    weighted = q @ (key.transpose(-2, -1) @ value.detach()) / key.shape[2]  # (B, H, Lq, dv): mean_j s_ij v_j
+    centre = q @ key.mean(dim=-2, keepdim=True).transpose(-2, -1)  # (B, H, Lq, 1): mean_j s_ij
+    zero = (weighted - weighted.detach()) - (centre - centre.detach()) * mean.detach()  # value 0, gradient above
+    return (mean + zero).to(query.dtype)  # (B, H, Lq, dv)
+
+
+def alibi_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    bias: ALiBi | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    output_attentions: bool = False,
+    scores_learn: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal attention of the last ``Lq`` positions over ``Lk`` keys, as the ALiBi families compute it.
+
+    ``query`` ``(B, H, Lq, d)``, ``key``/``value`` ``(B, Hkv, Lk, d)``; ``bias`` a per-offset ALiBi (or
+    ``None`` when the caller folded its bias into the channels); ``mask`` the key padding mask ``(B, Lk)``
+    or a boolean ``(B, 1, Lq, Lk)`` mask (``True`` = attend), causal or not (the causal mask is applied).
+    Returns ``(out (B, H, Lq, dv), weights (B, H, Lq, Lk) or None)``; rows that see no real key get
+    the mean of the values (uniform weights), as in transformers, with its gradient
+    (``scores_learn``: the model adds its mask, so those rows' scores still get gradients).
+    """
+    query_length, key_length = query.shape[2], key.shape[2]
+    q_offset = key_length - query_length
+    masks = {} if mask is None else {"key_mask": mask} if mask.dim() == 2 else {"attn_mask": mask}
+    common = dict(bias=bias, causal=True, scale=scale, dropout_p=dropout_p, q_offset=q_offset, **masks)
+    dead = None
+    if mask is not None and mask.dim() == 2:
+        dead = _dead_rows(mask, query_length, q_offset)[:, None, :, None]  # (B, 1, Lq, 1)
+    elif mask is not None:
+        future = torch.ones(query_length, key_length, dtype=torch.bool, device=mask.device).triu(q_offset + 1)
+        dead = ~(mask & ~future).any(-1, keepdim=True)  # (B, 1|H, Lq, 1)
+    if output_attentions:  # the eager reference, with an identity "value" so one call returns the weights
+        eye = torch.eye(key_length, dtype=query.dtype, device=query.device)
+        eye = eye.expand(query.shape[0], key.shape[1], -1, -1)  # (B, Hkv, Lk, Lk)
+        weights = attention(query, key, eye, backend="eager", **common)  # (B, H, Lq, Lk)
+        if dead is not None:
+            weights = torch.where(dead, torch.full_like(weights, 1.0 / key_length), weights)
+        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
+        return weights @ value, weights
+    out = attention(query, key, value, **common)  # (B, H, Lq, dv)
+    if dead is not None:
+        out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
+    return out, None

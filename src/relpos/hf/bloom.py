@@ -1,0 +1,93 @@
+"""Bloom on relpos attention: causal attention with ALiBi per offset, no ``(B, H, Lq, Lk)``.
+
+transformers' ``BloomAttention`` adds ``alibi`` per key position, counted from each example's first
+real token (``attention_mask.cumsum``), with ``baddbmm(beta=1, alpha=1/sqrt(d))``, then the
+``(B, 1, Lq, Lk)`` mask, softmax in fp32. Here each attention instance's ``forward`` calls
+:func:`relpos.hf.alibi.alibi_attention` with :class:`relpos.ALiBi` built from Bloom's own slopes:
+the same scores up to a constant per query row (see :mod:`relpos.hf.alibi`). A padding mask with
+holes (not one run of real tokens per example) changes Bloom's positions; such a batch takes the
+exact per-key path (:func:`~relpos.hf.alibi.per_key_channel`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ..alibi import ALiBi
+from ._family import Family, register
+from .alibi import alibi_attention, check_fits, contiguous, patch_instances, per_key_channel, refuse_static_cache
+
+__all__ = ["FAMILY"]
+
+_PARAMETERS = ["self", "hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
+               "output_attentions", "kwargs"]
+_ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "head_dim", "inv_norm_factor", "beta",
+               "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx", "_reshape")
+
+
+def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alibi, attention_mask, layer_past=None,
+             use_cache=False, output_attentions=False, **kwargs):
+    """``BloomAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``."""
+    refuse_static_cache(layer_past, "Bloom")
+    batch, query_length, _ = hidden_states.shape
+    query, key, value = module._reshape(module.query_key_value(hidden_states))  # (B, H, Lq, d) each
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
+    dropout_p = module.attention_dropout.p if module.training else 0.0
+    scale = module.inv_norm_factor
+    if attention_mask is None or attention_mask.dim() != 2 or contiguous(attention_mask):
+        out, weights = alibi_attention(query, key, value, bias=alibi_bias, mask=attention_mask, scale=scale,
+                                       dropout_p=dropout_p, output_attentions=output_attentions)
+    else:  # holes in the padding: Bloom's positions skip them; its own per-key values, folded into a channel
+        per_key = alibi.view(batch, module.num_heads, -1).float() * (module.beta / scale)  # (B, H, Lk)
+        query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
+        out, weights = alibi_attention(query, key, value, bias=None, mask=attention_mask, scale=scale,
+                                       dropout_p=dropout_p, output_attentions=output_attentions)
+        out = out[..., : module.head_dim]  # (B, H, Lq, d): the extra channel dropped
+    context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
+    dropout_add = sys.modules[type(module).__module__].dropout_add
+    output = dropout_add(module.dense(context), residual, module.hidden_dropout, module.training)  # (B, Lq, D)
+    return output, weights
+
+
+def _slopes(module: nn.Module) -> list[float]:
+    slopes = sys.modules[type(module).__module__]._get_alibi_slopes(module.num_heads, torch.device("cpu"))
+    return slopes.tolist()  # Bloom's fp32 slopes, exactly
+
+
+def _check(modules: list[nn.Module]) -> None:
+    check_fits(modules[0], "Bloom", parameters=_PARAMETERS, attributes=_ATTRIBUTES,
+               children={"query_key_value", "dense", "attention_dropout"},
+               helpers=("dropout_add", "_get_alibi_slopes"))
+    module = modules[0]
+    if module.pretraining_tp > 1 and module.slow_but_exact:
+        raise ValueError(
+            f"relpos.hf.accelerate (Bloom): config.slow_but_exact=True with pretraining_tp={module.pretraining_tp} "
+            "(an output projection summed in slices) is not supported; set model.config.slow_but_exact=False "
+            "(the default) before loading, or run the model unaccelerated"
+        )
+
+
+def _apply(model: nn.Module, modules: list[nn.Module]):
+    bias = ALiBi(modules[0].num_heads, slopes=_slopes(modules[0]))  # one per model, shared by its layers
+
+    def bind(module):
+        return lambda *args, **kwargs: _forward(module, bias, *args, **kwargs)
+
+    return patch_instances(model, {module: bind(module) for module in modules})
+
+
+FAMILY = register(
+    Family(
+        name="bloom",
+        title="Bloom",
+        model_types=("bloom",),
+        attention_classes=("BloomAttention",),
+        check=_check,
+        apply=_apply,
+        unsupported="slow_but_exact=True with pretraining_tp > 1; static caches",
+    )
+)

@@ -1,0 +1,81 @@
+"""MPT on relpos attention: causal attention with ALiBi per offset, no ``(B, H, Lq, Lk)``.
+
+transformers' ``MptAttention`` adds ``build_mpt_alibi_tensor`` (per key position, slopes
+``2**(-8k/H')`` with ``alibi_bias_max=8``), masks with the dtype's minimum, softmax in fp32, and
+scales by ``softmax_scale``; ``clip_qkv`` clamps the fused projection. The instance ``forward``
+here does the same on :func:`relpos.hf.alibi.alibi_attention` with :class:`relpos.ALiBi` built from
+MPT's own slopes. Options transformers' MPT ignores (``qk_ln``, ``attn_type``, ``prefix_lm``,
+``attn_impl``) are ignored alike: the accelerated model equals transformers' model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ..alibi import ALiBi
+from ._family import Family, register
+from .alibi import alibi_attention, check_fits, patch_instances, refuse_static_cache
+
+__all__ = ["FAMILY"]
+
+_PARAMETERS = ["self", "hidden_states", "position_bias", "past_key_values", "attention_mask", "kwargs"]
+_ATTRIBUTES = ("Wqkv", "out_proj", "n_heads", "head_dim", "softmax_scale", "attn_dropout_p", "clip_qkv", "layer_idx")
+
+
+def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, position_bias, past_key_values=None,
+             attention_mask=None, **kwargs):
+    """``MptAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``."""
+    refuse_static_cache(past_key_values, "MPT")
+    batch, query_length = hidden_states.shape[:2]
+    qkv = module.Wqkv(hidden_states)  # (B, Lq, 3 * D)
+    if module.clip_qkv:
+        qkv = qkv.clamp(min=-module.clip_qkv, max=module.clip_qkv)
+    heads = (t.reshape(batch, query_length, module.n_heads, module.head_dim).transpose(1, 2) for t in qkv.chunk(3, dim=2))
+    query, key, value = heads  # (B, H, Lq, d) each
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, module.layer_idx)  # (B, H, Lk, d)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = ~attention_mask.bool()  # MPT masks where True; relpos attends where True
+    out, weights = alibi_attention(
+        query, key, value, bias=alibi_bias if position_bias is not None else None, mask=attention_mask,
+        scale=module.softmax_scale, dropout_p=module.attn_dropout_p if module.training else 0.0,
+        output_attentions=bool(kwargs.get("output_attentions")), scores_learn=False,  # MPT masks with masked_fill
+    )
+    context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
+    return module.out_proj(context), weights
+
+
+def _slopes(module: nn.Module) -> list[float]:
+    """MPT's slopes, read from its own builder: the bias of key 0 relative to key 1 is ``-m``."""
+    build = sys.modules[type(module).__module__].build_mpt_alibi_tensor
+    return (-build(module.n_heads, 2, device=torch.device("cpu"))[:, 0, 0]).tolist()  # (H,)
+
+
+def _check(modules: list[nn.Module]) -> None:
+    check_fits(modules[0], "MPT", parameters=_PARAMETERS, attributes=_ATTRIBUTES, children={"Wqkv", "out_proj"},
+               helpers=("build_mpt_alibi_tensor",))
+
+
+def _apply(model: nn.Module, modules: list[nn.Module]):
+    bias = ALiBi(modules[0].n_heads, slopes=_slopes(modules[0]))
+
+    def bind(module):
+        return lambda *args, **kwargs: _forward(module, bias, *args, **kwargs)
+
+    return patch_instances(model, {module: bind(module) for module in modules})
+
+
+FAMILY = register(
+    Family(
+        name="mpt",
+        title="MPT",
+        model_types=("mpt",),
+        attention_classes=("MptAttention",),
+        check=_check,
+        apply=_apply,
+        unsupported="static caches",
+    )
+)
