@@ -5,7 +5,8 @@ transformers is an optional dependency: ``pip install "relpos[hf]"``. Nothing he
 :class:`~relpos.hf._family.Family` in the table :data:`FAMILIES` (importing it here registers it).
 """
 
-from . import pix2struct, pop2piano, switch_transformers, t5, udop  # noqa: F401  (each registers its family)
+from . import t5  # noqa: F401, I001  (registers first: messages list T5 first)
+from . import longt5, pix2struct, pop2piano, switch_transformers, udop  # noqa: F401, E402  (each registers its family)
 from ._family import FAMILIES, Family, find_family
 from .api import accelerate, is_accelerated, restore
 from .t5 import SUPPORTED_MODEL_TYPES
