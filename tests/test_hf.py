@@ -149,12 +149,16 @@ def test_compile_fullgraph_with_a_padding_mask_and_compiled_generate():
     assert torch.equal(a, b)
 
 
-def test_a_static_cache_is_refused_before_any_change():
-    reference, _ = pair("t5")
-    reference.generation_config.cache_implementation = "static"
-    with pytest.raises(ValueError, match="cache_implementation='static'"):
-        rh.accelerate(reference)
-    assert not rh.is_accelerated(reference) and reference.config._attn_implementation != "relpos"
+def test_generate_with_a_static_cache():
+    """cache_implementation="static" (uncompiled): the cache's unseen tail is hidden; transformers' tokens and logits."""
+    reference, accelerated = strong_pair("t5")
+    inputs = {k: v for k, v in padded_both_ways().items() if k != "labels"}
+    common = dict(max_new_tokens=6, min_new_tokens=6, cache_implementation="static", output_logits=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = reference.generate(**inputs, **common), accelerated.generate(**inputs, **common)
+    assert torch.equal(a.sequences, b.sequences)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.logits, b.logits))
 
 
 def test_the_bias_is_per_offset_and_never_dense(monkeypatch):

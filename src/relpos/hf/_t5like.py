@@ -53,7 +53,13 @@ class TableOffsets(OffsetBias):
 def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_tokens, bidirectional: bool) -> TableOffsets:
     """The module's bias per offset: the same values as its ``compute_bias``, ``Lq + Lk - 1`` per head."""
     table = module.relative_attention_bias.weight  # (num_buckets, H)
-    q_offset = int(past_seen_tokens)
+    if isinstance(past_seen_tokens, torch.Tensor) and torch.compiler.is_compiling():
+        raise ValueError(
+            "relpos.hf: torch.compile with a static cache is not supported (the cache length is a tensor and "
+            "relpos's per-offset bias needs it as a number); compile with the default dynamic cache, or run the "
+            "static cache uncompiled"
+        )
+    q_offset = int(past_seen_tokens)  # a static cache's length is a tensor: one read
     rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # (n,)
     buckets = relative_position_bucket(
         rel,

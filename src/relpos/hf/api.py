@@ -24,16 +24,6 @@ def _pretrained_model_class():
     return PreTrainedModel
 
 
-def _check_options(model: nn.Module) -> None:
-    """Options no family supports yet, refused before any change."""
-    cache = getattr(getattr(model, "generation_config", None), "cache_implementation", None)
-    if cache not in (None, "dynamic"):
-        raise ValueError(
-            f"relpos.hf.accelerate supports transformers' dynamic cache only, but model.generation_config."
-            f"cache_implementation={cache!r}; set it to None (or 'dynamic') before accelerating"
-        )
-
-
 def is_accelerated(model: nn.Module) -> bool:
     """True when :func:`accelerate` switched ``model`` (and :func:`restore` has not undone it)."""
     return hasattr(model, _STATE)
@@ -61,7 +51,6 @@ def accelerate(model: nn.Module) -> nn.Module:
         return model
     family, modules = found
     family.check(modules)
-    _check_options(model)
     undo = family.apply(model, modules)
     setattr(model, _STATE, {"family": family.name, "undo": undo})
     return model
