@@ -50,3 +50,24 @@ def test_compiled_stack_forward_decode_and_train():
     stack.zero_grad()
     stack(x).square().sum().backward()
     assert torch.allclose(compiled_grad, stack.relative_bias.relative_attention_bias.weight.grad, atol=1e-5)
+
+
+def test_compiled_attention_with_a_padding_mask_has_no_data_dependent_branch():
+    """A key padding mask (and a fully padded example) under fullgraph: one dense SDPA mask, no graph break."""
+    import relpos
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 24, 8) for _ in range(3))
+    values = torch.randn(2, 2 * 24 - 1)  # (H, Lq + Lk - 1)
+    keep = torch.ones(3, 24, dtype=torch.bool)
+    keep[1, 17:] = False  # right padding
+    keep[2] = False  # nothing to attend to: zeros
+
+    def run(q, k, v, values, keep):
+        return relpos.attention(q, k, v, bias=relpos.OffsetBias(values, 24, 24), key_mask=keep, causal=True)
+
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    expected = relpos.attention(q, k, v, bias=relpos.OffsetBias(values, 24, 24), key_mask=keep, causal=True, backend="eager")
+    got = compiled(q, k, v, values, keep)
+    assert torch.allclose(got, expected, atol=1e-5) and torch.equal(got[2], torch.zeros_like(got[2]))

@@ -12,6 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import relpos.hf as rh  # noqa: E402
+import hf_checks  # noqa: E402
 from relpos import OffsetBias  # noqa: E402
 
 SMALL = dict(
@@ -72,29 +73,105 @@ def test_logits_loss_and_every_gradient_equal_transformers(family):
     assert len(tables) == (4 if family == "umt5" else 2)  # UMT5: a table in every layer; T5: layer 0 of each stack
 
 
+def padded_both_ways(b=3, length=40, target=30):
+    """A batch with right padding (example 1), left padding (example 2) and padded labels; 40 > max_distance 16."""
+    ids, mask, labels = batch(b, length, target)
+    mask[2] = 0
+    mask[2, 9:] = 1  # left padding
+    ids = ids.masked_fill(mask == 0, SMALL["pad_token_id"])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def strong_pair(family="t5", model_class=None, **overrides):
+    config_class, default_class = FAMILIES[family]
+    torch.manual_seed(0)
+    return hf_checks.make_pair((model_class or default_class)(config_class(**{**SMALL, **overrides})))
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_generate_identical_tokens_greedy_beam_and_sampling(family):
-    reference, accelerated = pair(family)
-    ids, mask, _ = batch()
-    for kwargs in ({"do_sample": False}, {"num_beams": 3, "do_sample": False}, {"do_sample": True, "top_k": 10}):
-        tokens = []
-        for model in (reference, accelerated):
-            torch.manual_seed(7)
-            tokens.append(model.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24, **kwargs))
-        assert torch.equal(tokens[0], tokens[1]), kwargs
+def test_strong_bias_left_and_right_padding_gradients_and_generate_logits(family):
+    """Tables with std 1 (removing them changes the logits far beyond tolerance), both paddings:
+    logits, loss and every gradient within 1e-4; generate: identical tokens (greedy, beam, sampling)
+    and per-step decoder logits with the KV cache within 1e-5."""
+    reference, accelerated = strong_pair(family)
+    inputs = padded_both_ways()
+    hf_checks.bias_matters(accelerated, inputs)
+    hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
+    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+    hf_checks.generate_equal(reference, accelerated, prompt, samplers=family == "t5")
+
+
+def test_tile_and_fused_paths_through_accelerate(monkeypatch):
+    reference, accelerated = strong_pair("umt5")
+    hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, padded_both_ways())
+
+
+def test_set_attn_implementation_switches_both_ways():
+    """model.set_attn_implementation("eager"|"sdpa") gives transformers' dense path; "relpos" gives relpos's again."""
+    reference, accelerated = strong_pair("t5")
+    inputs = padded_both_ways()
+    hf_checks.switch_implementations(reference, accelerated, inputs)
+    owner = accelerated.encoder.block[0].layer[0].SelfAttention
+    accelerated.set_attn_implementation("eager")
+    assert isinstance(owner.compute_bias(4, 4), torch.Tensor)  # transformers' dense form
+    accelerated.set_attn_implementation("relpos")
+    assert isinstance(owner.compute_bias(4, 4), OffsetBias)
+    hf_checks.restore_gives_transformers_back(reference, accelerated, inputs)
+
+
+def test_config_output_attentions_returns_the_weights():
+    hf_checks.config_output_attentions(transformers.T5ForConditionalGeneration, transformers.T5Config(**SMALL), padded_both_ways())
+
+
+def test_mt5_model_built_from_a_t5_config_is_accelerated():
+    torch.manual_seed(0)
+    model = transformers.MT5ForConditionalGeneration(transformers.T5Config(**SMALL))
+    assert model.config.model_type == "t5"
+    reference, accelerated = hf_checks.make_pair(model)
+    assert rh.is_accelerated(accelerated)
+    hf_checks.forward_loss_and_gradients(reference, accelerated, padded_both_ways())
+
+
+def test_compile_fullgraph_with_a_padding_mask_and_compiled_generate():
+    """torch.compile(fullgraph=True) with padding: no graph break (the mask function and the attention path
+    have no data-dependent branch); compiled forward inside generate() gives transformers' tokens."""
+    torch._dynamo.reset()
+    reference, accelerated = strong_pair("t5", model_class=transformers.T5EncoderModel)
+    inputs = {k: v for k, v in padded_both_ways().items() if k != "labels"}
+    compiled = torch.compile(accelerated, fullgraph=True)
+    with torch.no_grad():
+        assert torch.allclose(compiled(**inputs).last_hidden_state, reference(**inputs).last_hidden_state, atol=1e-5)
+    reference, accelerated = strong_pair("t5", num_layers=1, num_decoder_layers=1)
+    accelerated.forward = torch.compile(accelerated.forward, fullgraph=True, backend="eager")  # tracing is the test
+    with torch.no_grad():
+        a = reference.generate(**inputs, max_new_tokens=6, min_new_tokens=6)
+        b = accelerated.generate(**inputs, max_new_tokens=6, min_new_tokens=6)
+    assert torch.equal(a, b)
+
+
+def test_generate_with_a_static_cache():
+    """cache_implementation="static" (uncompiled): the cache's unseen tail is hidden; transformers' tokens and logits."""
+    reference, accelerated = strong_pair("t5")
+    inputs = {k: v for k, v in padded_both_ways().items() if k != "labels"}
+    common = dict(max_new_tokens=6, min_new_tokens=6, cache_implementation="static", output_logits=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = reference.generate(**inputs, **common), accelerated.generate(**inputs, **common)
+    assert torch.equal(a.sequences, b.sequences)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.logits, b.logits))
 
 
 def test_the_bias_is_per_offset_and_never_dense(monkeypatch):
     reference, accelerated = pair("t5")
     ids, mask, labels = batch()
     seen = []
-    real = rh.t5.attention
+    real = rh._attention.attention
 
     def spy(query, key, value, **kwargs):
         seen.append(kwargs["bias"])
         return real(query, key, value, **kwargs)
 
-    monkeypatch.setattr(rh.t5, "attention", spy)
+    monkeypatch.setattr(rh._attention, "attention", spy)
     calls = []
     owner = accelerated.encoder.block[0].layer[0].SelfAttention
     monkeypatch.setattr(type(owner), "compute_bias", lambda *a, **k: calls.append(1))  # the dense one: never called
@@ -217,18 +294,6 @@ def test_gradient_checkpointing():
     accelerated.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     with pytest.raises(RuntimeError, match="use_reentrant=True"):
         accelerated(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-
-
-def test_torch_compile():
-    reference, accelerated = pair("t5", model_class=transformers.T5EncoderModel)
-    ids, mask, _ = batch()
-    compiled = torch.compile(accelerated)
-    with torch.no_grad():
-        assert torch.allclose(
-            compiled(input_ids=ids, attention_mask=mask).last_hidden_state,
-            reference(input_ids=ids, attention_mask=mask).last_hidden_state,
-            atol=1e-5,
-        )
 
 
 def test_trainer_example_runs(capsys):

@@ -210,8 +210,13 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     check_defines_future(bias, causal, key_length, q_offset, attn_mask)
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
-    if masked and _is_small(batch, heads, query_length, key_length) and backend not in ("fused", "flex"):
-        dense_reason = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call with a small dense mask"
+    compiling = torch.compiler.is_compiling()  # key ranges are data (tolist): a graph break under fullgraph
+    if masked and (compiling or _is_small(batch, heads, query_length, key_length)) and backend not in ("fused", "flex"):
+        dense_reason = (
+            "under torch.compile a mask is one dense SDPA mask (key ranges would be a data-dependent branch)"
+            if compiling
+            else f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call with a small dense mask"
+        )
         if key_mask is not None:
             attn_mask = fold_key_mask(attn_mask, key_mask)
     elif masked:
@@ -476,7 +481,7 @@ def _sdpa(call: _Call) -> torch.Tensor:
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
     mask = _call_mask(call)  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
-    if dead.any():
+    if torch.compiler.is_compiling() or dead.any():  # compiled: no data-dependent branch
         mask = mask.masked_fill(dead, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)

@@ -1,0 +1,135 @@
+"""The adapter shared by families whose attention module is transformers' T5Attention under another name.
+
+T5, mT5, UMT5, SwitchTransformers, Pop2Piano, Pix2Struct's text decoder, UDOP and LongT5's
+full-attention decoder all build their bias with ``compute_bias(query_length, key_length, device,
+past_seen_tokens)`` from a ``relative_attention_bias`` table of T5 buckets and call transformers'
+attention interface with ``position_bias``. :func:`t5_like_family` makes the :class:`Family` for
+such a set of classes; what differs is only whether the buckets are bidirectional.
+
+What ``apply`` changes, on the given model only:
+
+1. its attention implementation becomes ``"relpos"`` (:mod:`relpos.hf._attention`), set with
+   transformers' own ``model.set_attn_implementation`` (every sub-model's config too);
+2. each module that owns a table gets an instance-level ``compute_bias`` that, while the model's
+   implementation is ``"relpos"`` (read from the config at every call), returns the bias per offset
+   (``Lq + Lk - 1`` values per head, :class:`relpos.OffsetBias`) instead of ``(1, H, Lq, Lk)``;
+   under any other implementation (``model.set_attn_implementation("eager" | "sdpa")``) it returns
+   transformers' own dense bias, so switching back and forth with transformers' call works.
+
+No class is modified, no parameter or buffer is added, renamed or moved. The returned undo removes
+the instance methods and restores the previous implementation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..bias import OffsetBias
+from ..buckets import relative_offsets, relative_position_bucket
+from ._attention import NAME, OWNS_BIAS, register, transformers_modules
+from ._family import Family
+
+__all__ = ["TableOffsets", "t5_like_family"]
+
+#: attributes every T5-like attention module must have
+_ATTRIBUTES = ("config", "relative_attention_num_buckets", "relative_attention_max_distance", "is_causal",
+               "has_relative_attention_bias")
+_COMPUTE_BIAS = ("self", "query_length", "key_length", "device", "past_seen_tokens")
+
+
+@dataclass(frozen=True)
+class TableOffsets(OffsetBias):
+    """An :class:`OffsetBias` that remembers the table it was read from (to check gradients reach it)."""
+
+    table: torch.Tensor | None = None
+
+
+def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_tokens, bidirectional: bool) -> TableOffsets:
+    """The module's bias per offset: the same values as its ``compute_bias``, ``Lq + Lk - 1`` per head."""
+    table = module.relative_attention_bias.weight  # (num_buckets, H)
+    if isinstance(past_seen_tokens, torch.Tensor) and torch.compiler.is_compiling():
+        raise ValueError(
+            "relpos.hf: torch.compile with a static cache is not supported (the cache length is a tensor and "
+            "relpos's per-offset bias needs it as a number); compile with the default dynamic cache, or run the "
+            "static cache uncompiled"
+        )
+    q_offset = int(past_seen_tokens)  # a static cache's length is a tensor: one read
+    rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # (n,)
+    buckets = relative_position_bucket(
+        rel,
+        bidirectional=bidirectional,
+        num_buckets=module.relative_attention_num_buckets,
+        max_distance=module.relative_attention_max_distance,
+    )
+    values = module.relative_attention_bias(buckets).T  # (H, n), gradients into the table
+    return TableOffsets(values.contiguous(), query_length, key_length, q_offset, table=table)
+
+
+def _instance_compute_bias(bidirectional: Callable[[nn.Module], bool]):
+    """``compute_bias`` for one instance: per offset under ``"relpos"``, the class's dense one otherwise."""
+
+    def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0):
+        if self.config._attn_implementation != NAME:  # switched with set_attn_implementation: transformers' own
+            return type(self).compute_bias(self, query_length, key_length, device, past_seen_tokens)
+        offsets = _offsets(self, query_length, key_length, past_seen_tokens, bidirectional(self))
+        if device is not None and offsets.values.device != torch.device(device):
+            offsets = TableOffsets(offsets.values.to(device), query_length, key_length, offsets.q_offset, table=offsets.table)
+        return offsets
+
+    return compute_bias
+
+
+def _check_fits(module: nn.Module, extra_attributes: tuple[str, ...]) -> None:
+    """The installed transformers' attention module has the interface this adapter relies on."""
+    params = tuple(inspect.signature(type(module).compute_bias).parameters)
+    missing = [a for a in _ATTRIBUTES + extra_attributes if not hasattr(module, a)]
+    source = inspect.getsource(type(module).forward)
+    if params != _COMPUTE_BIAS or missing or "ALL_ATTENTION_FUNCTIONS" not in source or "position_bias" not in source:
+        transformers = transformers_modules()[0]
+        raise RuntimeError(
+            f"relpos.hf.accelerate does not fit {type(module).__name__} of the installed transformers "
+            f"{transformers.__version__}: it needs compute_bias{_COMPUTE_BIAS[1:]} (got {params[1:]}), "
+            f"the attributes {missing or 'present'} and a forward that calls the attention interface with "
+            "position_bias (transformers >= 5). Upgrade transformers, or run the model unaccelerated."
+        )
+
+
+def t5_like_family(
+    name: str,
+    title: str,
+    model_types: tuple[str, ...],
+    attention_classes: tuple[str, ...],
+    *,
+    bidirectional: Callable[[nn.Module], bool],
+    extra_attributes: tuple[str, ...] = (),
+    unsupported: str = "",
+) -> Family:
+    """A :class:`Family` for T5-like attention classes; ``bidirectional(module)`` says how its buckets run."""
+
+    def check(modules: list[nn.Module]) -> None:
+        for module in {type(m): m for m in modules}.values():  # one instance per class
+            _check_fits(module, extra_attributes)
+
+    def apply(model: nn.Module, modules: list[nn.Module]):
+        register()
+        previous = model.config._attn_implementation
+        model.set_attn_implementation(NAME)  # first: transformers may refuse it, and nothing is changed yet
+        owners = [m for m in modules if OWNS_BIAS(m)]
+        compute_bias = _instance_compute_bias(bidirectional)
+        for module in owners:
+            module.compute_bias = types.MethodType(compute_bias, module)  # instance attribute: this model only
+
+        def undo() -> None:
+            for module in owners:
+                del module.compute_bias  # the class's method shows through again
+            model.set_attn_implementation(previous)
+
+        return undo
+
+    return Family(name, title, model_types, attention_classes, check=check, apply=apply, unsupported=unsupported)

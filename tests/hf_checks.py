@@ -1,0 +1,169 @@
+"""Checks shared by the per-family tests of relpos.hf (tests/test_hf*.py): an accelerated copy against
+transformers' own unmodified model with the same weights.
+
+Every check takes ``reference`` (transformers' model), ``accelerated`` (``relpos.hf.accelerate`` of a
+deep copy) and ``inputs`` (the keyword arguments of one padded batch, labels included).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import torch
+
+import relpos.hf as rh
+
+attention_module = importlib.import_module("relpos.attention")  # the module (relpos.attention is also the function)
+
+
+def strong_bias(model: torch.nn.Module, std: float = 1.0, seed: int = 3) -> torch.nn.Module:
+    """Every relative-bias table drawn with ``std`` (transformers' init is tiny: the bias would not matter)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "relative_attention_bias" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def make_pair(model: torch.nn.Module):
+    """(transformers' model with a strong bias, an accelerated deep copy)."""
+    reference = strong_bias(model).eval()
+    return reference, rh.accelerate(copy.deepcopy(reference))
+
+
+def grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def close(a, b, rel):
+    """|a - b| <= rel * max|a| (elementwise against the tensor's scale)."""
+    scale = a.abs().max().clamp(min=1e-6)
+    return bool((b - a).abs().max() <= rel * scale)
+
+
+def forward_loss_and_gradients(reference, accelerated, inputs, out_key="logits", real=None):
+    """Training mode (dropout 0): outputs, loss and every parameter's gradient within 1e-4 relative.
+
+    ``real`` (B, L): compare outputs there only (a left-padded query row that sees no key is zeros in relpos
+    and an average of padding in transformers; the loss ignores it either way).
+    """
+    results = []
+    for model in (reference, accelerated):
+        model.train()
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append((getattr(out, out_key).detach(), out.loss.detach(), grads(model)))
+        model.eval()
+    (l1, loss1, g1), (l2, loss2, g2) = results
+    if real is not None:
+        l1, l2 = l1[real.bool()], l2[real.bool()]
+    assert close(l1, l2, 1e-4), (l2 - l1).abs().max()
+    assert torch.allclose(loss2, loss1, rtol=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 5
+    for name in g1:
+        assert close(g1[name], g2[name], 1e-4), name
+    assert any("relative_attention_bias" in n for n in g1), "no bias table got a gradient"
+
+
+def bias_matters(accelerated, inputs, out_key="logits"):
+    """Zeroing the bias tables changes the outputs far beyond the tolerances used here."""
+    plain = copy.deepcopy(accelerated)
+    strong_bias(plain, std=0.0)
+    with torch.no_grad():
+        a, b = getattr(accelerated(**inputs), out_key), getattr(plain(**inputs), out_key)
+    assert (a - b).abs().max() > 1e-2 * a.abs().max() + 1e-2
+
+
+def generate_equal(reference, accelerated, inputs, *, steps=12, samplers=True):
+    """Greedy with the KV cache: identical tokens and per-step logits within 1e-5; beam and sampling: tokens."""
+    common = dict(max_new_tokens=steps, min_new_tokens=steps, output_logits=True, output_scores=True,
+                  return_dict_in_generate=True, do_sample=False)
+    with torch.no_grad():
+        a, b = reference.generate(**inputs, **common), accelerated.generate(**inputs, **common)
+    assert torch.equal(a.sequences, b.sequences)
+    assert len(a.logits) == len(b.logits) == steps
+    for x, y in zip(a.logits + a.scores, b.logits + b.scores):
+        finite = torch.isfinite(x)
+        assert torch.equal(finite, torch.isfinite(y))
+        assert (x[finite] - y[finite]).abs().max() <= 1e-5 * max(1.0, x[finite].abs().max().item())
+    if not samplers:
+        return
+    for kwargs in ({"num_beams": 3, "do_sample": False}, {"do_sample": True, "top_k": 10}):
+        tokens = []
+        for model in (reference, accelerated):
+            torch.manual_seed(7)
+            tokens.append(model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, **kwargs))
+        assert torch.equal(tokens[0], tokens[1]), kwargs
+
+
+def bf16_within_twice_transformers_error(reference, accelerated, inputs, out_key="logits"):
+    reference, accelerated = copy.deepcopy(reference), copy.deepcopy(accelerated)
+    low = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs.items()}  # features, patches
+    with torch.no_grad():
+        exact = getattr(reference(**inputs), out_key)
+        theirs = getattr(reference.to(torch.bfloat16)(**low), out_key).float()
+        ours = getattr(accelerated.to(torch.bfloat16)(**low), out_key).float()
+    assert torch.isfinite(ours).all()
+    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max() + 1e-3
+
+
+def restore_gives_transformers_back(reference, accelerated, inputs, out_key="logits"):
+    rh.restore(accelerated)
+    assert not rh.is_accelerated(accelerated)
+    assert accelerated.config._attn_implementation == reference.config._attn_implementation
+    assert not any("compute_bias" in vars(m) for m in accelerated.modules())
+    with torch.no_grad():
+        assert torch.equal(getattr(accelerated(**inputs), out_key), getattr(reference(**inputs), out_key))
+
+
+def tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs, out_key="logits"):
+    """A padded batch forced onto relpos's tile (inference) and fused (training) paths: equal outputs and gradients."""
+    monkeypatch.setattr(attention_module, "_FUSED_MIN_SCORES", 0)
+    seen = []
+    real = attention_module._choose
+
+    def spy(call):
+        choice = real(call)
+        seen.append(choice.backend)
+        return choice
+
+    monkeypatch.setattr(attention_module, "_choose", spy)
+    with torch.no_grad():
+        a, b = getattr(reference(**inputs), out_key), getattr(accelerated(**inputs), out_key)
+    assert close(a, b, 1e-4)
+    assert "sdpa" in seen
+    seen.clear()
+    forward_loss_and_gradients(reference, accelerated, inputs, out_key)
+    assert "fused" in seen
+
+
+def switch_implementations(reference, accelerated, inputs, out_key="logits"):
+    """transformers' own set_attn_implementation works both ways on an accelerated model."""
+    with torch.no_grad():
+        expected = getattr(reference(**inputs), out_key)
+        for implementation in ("eager", "sdpa", "relpos", "eager", "relpos"):
+            if implementation == "sdpa" and not accelerated._supports_sdpa:
+                continue
+            accelerated.set_attn_implementation(implementation)
+            got = getattr(accelerated(**inputs), out_key)
+            assert close(expected, got, 1e-5), implementation
+    assert rh.is_accelerated(accelerated)
+
+
+def config_output_attentions(model_class, config, inputs, names=("encoder_attentions", "decoder_attentions", "cross_attentions")):
+    """A model built with config.output_attentions=True returns every layer's weights, equal to eager's."""
+    for sub in [config] + [getattr(config, key) for key in config.sub_configs]:
+        sub.output_attentions = True  # (Pix2Struct's text decoder reads its text_config)
+    torch.manual_seed(0)
+    reference = strong_bias(model_class(config)).eval()
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    with torch.no_grad():
+        a, b = reference(**inputs), accelerated(**inputs)
+    for name in names:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x is not None and y is not None and len(x) == len(y) > 0, name
+        for wx, wy in zip(x, y):
+            assert wy is not None and torch.allclose(wx, wy, atol=1e-5), name

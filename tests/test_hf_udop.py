@@ -1,0 +1,75 @@
+"""relpos.hf.accelerate on UDOP (text + layout boxes + image), against transformers' own model with the same
+weights; small configs, random weights, no downloads. The encoder's layout bias stays dense (see hf/udop.py)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import hf_checks  # noqa: E402
+import relpos.hf as rh  # noqa: E402
+
+SMALL = dict(
+    vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0, pad_token_id=0,
+    eos_token_id=1, decoder_start_token_id=0, image_size=32, patch_size=16, max_2d_position_embeddings=64,
+    relative_bias_args=[
+        {"type": "1d", "relative_attention_num_buckets": 8, "max_distance": 16},
+        {"type": "horizontal", "relative_attention_num_buckets": 8, "max_distance": 20},
+        {"type": "vertical", "relative_attention_num_buckets": 8, "max_distance": 20},
+    ],
+)
+
+
+def pair(model_class=transformers.UdopForConditionalGeneration):
+    torch.manual_seed(0)
+    return hf_checks.make_pair(model_class(transformers.UdopConfig(**SMALL)))
+
+
+def padded(b=3, length=40, target=30, image=False):
+    """Tokens with boxes, right padding (example 1), left padding (example 2), padded labels; 40 > 16."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, SMALL["vocab_size"], (b, length), generator=g)
+    corners = torch.rand(b, length, 2, 2, generator=g).sort(dim=2).values  # x0 <= x1, y0 <= y1
+    bbox = corners.transpose(2, 3).reshape(b, length, 4)  # (x0, y0, x1, y1) in [0, 1]
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[1, 25:] = 0
+    mask[2, :9] = 0
+    labels = torch.randint(2, SMALL["vocab_size"], (b, target), generator=g)
+    labels[2, 20:] = -100
+    inputs = {"input_ids": ids.masked_fill(mask == 0, 0), "bbox": bbox, "attention_mask": mask, "labels": labels}
+    if image:
+        inputs["pixel_values"] = torch.randn(b, 3, SMALL["image_size"], SMALL["image_size"], generator=g)
+    return inputs
+
+
+@pytest.mark.parametrize("image", [False, True])
+def test_logits_loss_gradients_and_generate_equal_transformers(image):
+    reference, accelerated = pair()
+    inputs = padded(image=image)
+    assert rh.find_family(reference)[0].name == "udop"
+    hf_checks.bias_matters(accelerated, inputs)
+    hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
+    prompt = {k: v for k, v in inputs.items() if k != "labels"}
+    hf_checks.generate_equal(reference, accelerated, prompt, samplers=not image)
+
+
+def test_encoder_model_and_layout_bias_matters():
+    reference, accelerated = pair(transformers.UdopEncoderModel)
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with torch.no_grad():
+        a, b = reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state
+        moved = dict(inputs, bbox=inputs["bbox"].flip(1))  # same tokens, other boxes: the layout bias changes
+        c = accelerated(**moved).last_hidden_state
+    assert hf_checks.close(a, b, 1e-5)
+    assert (c - b).abs().max() > 1e-2
+
+
+def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
+    reference, accelerated = pair()
+    inputs = padded()
+    hf_checks.switch_implementations(reference, accelerated, inputs)
+    hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
+    hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs)
+    hf_checks.restore_gives_transformers_back(reference, accelerated, inputs)
+    hf_checks.config_output_attentions(transformers.UdopForConditionalGeneration, transformers.UdopConfig(**SMALL), inputs)
