@@ -86,6 +86,14 @@ def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *
         h = param(module.height_bias_table)[d[0] + wh - 1]  # (N, N, H)
         w = param(module.width_bias_table)[d[1] + ww - 1]  # (N, N, H)
         return (h + w).permute(2, 0, 1)[None]  # (1, H, N, N)
+    if isinstance(module, relpos.ContinuousPositionBias):  # Swin V2: 16 sigmoid(MLP(log-spaced query - key))
+        d = _window_pairs(module.window_size).double()  # (2, N, N)
+        spans = [(p if p > 0 else w) - 1 for w, p in zip(module.window_size, module.pretrained_window_size)]
+        x = torch.stack([d[a] / max(spans[a], 1) * (8 if spans[a] > 0 else 1) for a in range(2)], -1)  # (N, N, 2)
+        x = torch.sign(x) * torch.log2(1 + x.abs()) / 3  # log2(8) = 3
+        first, last = module.cpb_mlp[0], module.cpb_mlp[2]
+        hidden = torch.relu(x @ param(first.weight).T + param(first.bias))  # (N, N, hidden)
+        return (16 * torch.sigmoid(hidden @ param(last.weight).T)).permute(2, 0, 1)[None]  # (1, H, N, N)
     raise TypeError(f"no oracle for {type(module).__name__}: add its formula to tests/oracles.py")
 
 

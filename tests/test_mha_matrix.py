@@ -32,6 +32,7 @@ ENCODINGS = {  # name -> (factory, causal_only, window_length or None)
     "window_2d": (lambda: relpos.RelativePositionBias(H, (3, 3)), False, 9),
     "window_1d": (lambda: relpos.RelativePositionBias(H, 9, bias_type="1d"), False, 9),
     "window_factorized": (lambda: relpos.FactorizedRelativePositionBias(H, (3, 3)), False, 9),
+    "window_swinv2": (lambda: relpos.ContinuousPositionBias(H, (3, 3), hidden_size=16), False, 9),
     "rope": (lambda: relpos.RotaryEmbedding(DH), False, None),
     "rope_interleaved": (lambda: relpos.RotaryEmbedding(DH, interleaved=True), False, None),
     "shaw": (lambda: relpos.ShawRelativePosition(DH, 3), False, None),
