@@ -57,3 +57,39 @@ def decode_matches_parallel(position, *, embed_dim=32, heads=4, length=10, promp
     stepwise = torch.cat(steps, dim=1)
     assert torch.allclose(stepwise, full, atol=atol), (stepwise - full).abs().max()
     return full
+
+
+CASES = [  # (lq, lk, causal, q_offset, padded): bidirectional, causal, padded both ways, a decoding row
+    (12, 12, False, 0, False),
+    (12, 12, True, 0, False),
+    (12, 12, False, 0, True),
+    (12, 12, True, 0, True),
+    (1, 12, True, 11, False),
+]
+
+
+def check_backend(make_bias, expected_bias, backend, lq, lk, causal, q_offset, padded, *, atol=2e-5, matters=0.05,
+                  unused=()):
+    """attention(bias=make_bias()) on ``backend`` equals the fp64 oracle with ``expected_bias(lq, lk, q_offset)``
+    (H, Lq, Lk), the bias changes the output by more than ``matters``, and the gradients into q, k, v and
+    every parameter (but those named in ``unused``, which these rows do not depend on) equal the eager path's."""
+    from relpos import attention
+
+    bias = make_bias()
+    q, k, v = qkv(lq=lq, lk=lk, grad=True)
+    key_mask = padding_mask(2, lk) if padded else None
+    kw = dict(causal=causal, q_offset=q_offset, key_mask=key_mask)
+    out = attention(q, k, v, bias=bias, backend=backend, **kw)
+    expected = oracle(q, k, v, expected_bias(lq, lk, q_offset), **kw)
+    assert torch.allclose(out.double(), expected, atol=atol), (out.double() - expected).abs().max()
+    assert (oracle(q, k, v, **kw) - expected).abs().max() > matters  # the position term matters
+    out.square().sum().backward()
+    reference = make_bias()
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    attention(q2, k2, v2, bias=reference, backend="eager", **kw).square().sum().backward()
+    assert torch.allclose(q.grad, q2.grad, atol=1e-4) and torch.allclose(k.grad, k2.grad, atol=1e-4)
+    assert torch.allclose(v.grad, v2.grad, atol=1e-4)
+    for (name, p), p2 in zip(bias.named_parameters(), reference.parameters()):
+        assert name in unused or (p.grad is not None and p.grad.abs().max() > 0), name
+        assert name in unused or torch.allclose(p.grad, p2.grad, atol=1e-4, rtol=1e-4), name
+    return bias
