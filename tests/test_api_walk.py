@@ -20,6 +20,13 @@ Q = torch.randn(1, 4, 5, 8)  # (B, H, L, d)
 VALID = {
     "ALiBi": dict(num_heads=4),
     "ClippedRelativeBias": dict(num_heads=4, max_distance=3),
+    "CoPE": dict(head_dim=8, max_positions=16),
+    "FIREBias": dict(num_heads=4),
+    "ForgettingGate": dict(dim=16, num_heads=4),
+    "KerpleBias": dict(num_heads=4),
+    "SandwichBias": dict(num_heads=4, dim=16),
+    "XPos": dict(head_dim=8),
+    "gated_attention": dict(query=Q, key=Q, value=Q, key_gate=torch.zeros(1, 4, 5)),
     "FactorizedRelativePositionBias": dict(num_heads=2, window_size=3),
     "LearnedAbsolutePositionEmbedding": dict(max_length=8, dim=4),
     "LogDecayBias": dict(scale=0.3, num_heads=1),

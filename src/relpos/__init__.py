@@ -19,13 +19,19 @@ from .buckets import (
     t5_bucket,
 )
 from .clipped import ClippedRelativeBias
+from .cope import CoPE
+from .fire import FIREBias
+from .forgetting import ForgettingGate, gated_attention
+from .kerple import KerpleBias
 from .log_decay import LogDecayBias
 from .mha import KVCache, MultiheadAttention
 from .rotary import RotaryEmbedding
+from .sandwich import SandwichBias
 from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
 from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
 from .window_bias import FactorizedRelativePositionBias, RelativePositionBias
+from .xpos import XPos
 
 # Unmistakable names for the two tables whose usual names differ by two letters:
 # RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
@@ -43,6 +49,13 @@ __all__ = [
     "BackendChoice",
     "BucketRange",
     "ClippedRelativeBias",
+    "CoPE",
+    "FIREBias",
+    "ForgettingGate",
+    "KerpleBias",
+    "SandwichBias",
+    "XPos",
+    "gated_attention",
     "FactorizedRelativePositionBias",
     "KVCache",
     "LearnedAbsolutePositionEmbedding",

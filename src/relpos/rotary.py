@@ -134,9 +134,9 @@ def _llama3(base: float, dim: int, s: dict, device=None) -> torch.Tensor:
 
 
 def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
-    """``x * cos + turn(x) * sin`` in fp32, cast back: each channel pair rotated (and scaled, if
-    ``cos``/``sin`` carry a scale) by its ``(L, d)`` table entries."""
-    xf = x.float()
+    """``x * cos + turn(x) * sin`` in fp32 (fp64 for fp64 input), cast back: each channel pair rotated
+    (and scaled, if ``cos``/``sin`` carry a scale) by its ``(L, d)`` table entries."""
+    xf = x if x.dtype == torch.float64 else x.float()
     if interleaved:
         pairs = xf.unflatten(-1, (-1, 2))  # (..., L, d/2, 2)
         turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # (-x1, x0) per pair
