@@ -124,3 +124,5 @@ class CoPE(nn.Module):
         scores = scores.masked_fill(blocked, float("-inf"))
         weights = masked_softmax(self.position_logits(q, scores))  # (B, H, Lq, Lk)
         return (weights @ v).to(query.dtype)  # (B, H, Lq, dv)
+
+    forward = attention
