@@ -133,9 +133,10 @@ class ForgettingGate(nn.Module):
         return f"dim={self.dim}, num_heads={self.num_heads}"
 
     def log_forget(self, x: torch.Tensor) -> torch.Tensor:
-        """fp32 ``(B, H, L)`` ``log f_t`` of ``x (B, L, dim)``."""
+        """``(B, H, L)`` ``log f_t`` of ``x (B, L, dim)``, in fp32 at least (the running sum grows)."""
         check_shape("x", x, (None, None, self.dim), meaning="(B, L, dim)")
-        return F.logsigmoid(self.fgate_proj(x).float()).transpose(1, 2)  # (B, H, L)
+        logits = self.fgate_proj(x)  # (B, L, H)
+        return F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32))).transpose(1, 2)  # (B, H, L)
 
     def cumulative(self, x: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
         """``c (B, H, L)``: running sums of ``log f`` over ``x``'s tokens, after ``start`` ``(B, H)``
