@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -116,9 +117,9 @@ def memory_of(name: str, length: int, train: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def markdown(results: dict, memory: dict, lengths, command: str) -> str:
+def markdown(results: dict, memory: dict, lengths, command: str, title: str) -> str:
     lines = [
-        "# Benchmarks: the encodings of issue 19",
+        f"## {title}",
         "",
         f"Command: `{command}`",
         "",
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory (a process per variant)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
+    parser.add_argument("--append", action="store_true", help="append the table to --markdown instead of replacing it")
+    parser.add_argument("--title", default="Timings and memory", help="the table's heading")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     names = [n for n in args.variants.split(",") if n]
@@ -175,13 +178,15 @@ def main(argv=None) -> int:
                 for train in (False, True):
                     memory[f"{n}|{length}|{'train' if train else 'forward'}"] = memory_of(n, length, train)
                 print(f"memory L={length} {n}: {memory[f'{n}|{length}|forward']:.0f} / {memory[f'{n}|{length}|train']:.0f} MiB", flush=True)
-    command = "PYTHONPATH=src python benchmarks/encodings.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
+    words = [f"'{w}'" if " " in w or "|" in w else w for w in (argv if argv is not None else sys.argv[1:])]
+    command = f"{env} PYTHONPATH=src python benchmarks/encodings.py ".lstrip() + " ".join(words)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"timings_ms": results, "peak_extra_mib": memory}, f, indent=1)
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(results, memory, lengths, command))
+        with open(args.markdown, "a" if args.append else "w") as f:
+            f.write(("\n" if args.append else "") + markdown(results, memory, lengths, command, args.title))
     return 0
 
 

@@ -82,3 +82,5 @@ def test_bad_inputs():
         CoPE(4, 8).attention(q, k, v)
     with pytest.raises(ValueError, match="position has head_dim=4, this layer has head_dim=8"):
         MultiheadAttention(32, 4, position=CoPE(4, 8))
+    with pytest.raises(ValueError, match="dropout must be 0 with a CoPE position"):
+        MultiheadAttention(32, 4, position=CoPE(8, 8), dropout=0.1)

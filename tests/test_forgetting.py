@@ -49,6 +49,16 @@ def test_every_backend_equals_the_fp64_oracle(backend, lq, lk, causal, q_offset,
     assert log_f.grad.abs().max() > 0
 
 
+def test_flex_equals_eager_on_cpu_inference():
+    q, k, v = qkv(lq=64, lk=64)
+    c = gates(length=64).cumsum(-1)
+    with torch.no_grad():
+        for lq, q_offset in ((64, 0), (1, 63)):  # a prompt and a decoding row
+            qq = q[:, :, -lq:]
+            out = gated_attention(qq, k, v, c, q_offset=q_offset, backend="flex")
+            assert torch.allclose(out, gated_attention(qq, k, v, c, q_offset=q_offset, backend="eager"), atol=1e-5)
+
+
 def test_gradcheck_fp64():
     q, k, v = (t.double().requires_grad_() for t in qkv(b=1, h=2, lq=5, lk=5, d=4))
     c = gates(b=1, h=2, length=5).double().cumsum(-1).requires_grad_()

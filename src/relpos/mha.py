@@ -113,6 +113,8 @@ class MultiheadAttention(nn.Module):
         self.causal = check_bool("causal", causal)
         self.scale = check_scale("scale", scale)
         self.dropout = check_probability("dropout", dropout)
+        if isinstance(position, CoPE) and self.dropout:
+            raise ValueError(f"dropout must be 0 with a CoPE position (its eager path has no attention dropout), got {dropout}")
         self.backend = check_choice("backend", backend, BACKENDS)
         factory = {"device": device, "dtype": dtype}
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

@@ -121,8 +121,8 @@ def _alibi(h, d, causal, o):
 
 
 def _params(module, length: int, causal: bool) -> dict:
-    """Every scalar parameter per head (Kerple's r1, r2; FIRE's c, L): the readout shows head 0's."""
-    return {name: (p.detach().flatten()[0].item()) for name, p in module.named_parameters() if p.numel() <= 64}
+    """The module's own scalar parameters (Kerple's r1, r2; FIRE's c, L_multiplier), head 0's value."""
+    return {name: p.detach().flatten()[0].item() for name, p in module.named_parameters() if "." not in name}
 
 
 _INIT = Option("init_std", 0.02, "std of the learned table's initialisation (plots: 1.0)", float, shown=1.0)
