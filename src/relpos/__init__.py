@@ -19,15 +19,21 @@ from .buckets import (
     t5_bucket,
 )
 from .clipped import ClippedRelativeBias
+from .cope import CoPE
+from .fire import FIREBias
+from .forgetting import ForgettingGate, gated_attention
+from .kerple import KerpleBias
 from .log_decay import LogDecayBias
 from .mha import KVCache, MultiheadAttention
 from .rotary import RotaryEmbedding
+from .sandwich import SandwichBias
 from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
 from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
 from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
 from .window_attention import WindowAttention, shift_mask, window_attention, window_merge, window_partition
 from .resize import resize_bias_table, resize_state_dict
+from .xpos import XPos
 
 # Unmistakable names for the two tables whose usual names differ by two letters:
 # RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
@@ -46,6 +52,13 @@ __all__ = [
     "BucketRange",
     "ClippedRelativeBias",
     "ContinuousPositionBias",
+    "CoPE",
+    "FIREBias",
+    "ForgettingGate",
+    "KerpleBias",
+    "SandwichBias",
+    "XPos",
+    "gated_attention",
     "FactorizedRelativePositionBias",
     "KVCache",
     "LearnedAbsolutePositionEmbedding",

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor", "check_dtype", "check_real"]
+__all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor",
+           "check_dtype", "check_real", "check_per_head", "check_shape"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -110,4 +111,28 @@ def check_real(name: str, value: Any, *, rule: str = "") -> float:
     value = float(value)
     if value != value:
         raise ValueError(f"{name} must be a number, got NaN" + (f"; {rule}" if rule else ""))
+def check_per_head(name: str, value: Any, num_heads: int, *, maximum: float | None = None) -> list[float]:
+    """One finite number > 0 (and <= ``maximum``) per head: a number (shared) or a sequence of ``num_heads``."""
+    values = [value] * num_heads if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, numbers.Real) for v in values):
+        raise TypeError(f"{name} must be a number or a sequence of {num_heads} numbers (one per head), got {value!r}")
+    if len(values) != num_heads:
+        raise ValueError(f"{name} must have num_heads={num_heads} entries (one per head), got {len(values)}")
+    bound = "" if maximum is None else f" and <= {maximum}"
+    for v in values:
+        if not (v > 0 and v == v and v != float("inf")) or (maximum is not None and v > maximum):
+            raise ValueError(f"{name} must be finite and > 0{bound} for every head, got {list(values)}")
+    return [float(v) for v in values]
+
+
+def check_shape(name: str, value: Any, shape: tuple, *, meaning: str) -> torch.Tensor:
+    """A floating tensor of exactly ``shape`` (``None`` entries match any size); ``meaning`` names the dims."""
+    value = check_tensor(name, value, shape=meaning)
+    if not value.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating tensor {meaning}, got {value.dtype}")
+    if value.dim() != len(shape) or any(s is not None and s != g for s, g in zip(shape, value.shape)):
+        want = tuple("*" if s is None else s for s in shape)
+        raise ValueError(f"{name} must have shape {meaning} = {want}, got {tuple(value.shape)}")
     return value

@@ -58,9 +58,7 @@ def resolve_bias(
     if isinstance(bias, AdditiveBias):
         if bias.num_heads not in (1, num_heads):
             raise ValueError(f"bias has num_heads={bias.num_heads} but the query has {num_heads} heads")
-        if bias.translation_invariant:
-            return bias.offsets(query_length, key_length, q_offset=q_offset, device=device)
-        return bias.materialize(query_length, key_length, q_offset=q_offset, device=device)
+        return bias.resolve(query_length, key_length, q_offset=q_offset, device=device)
     if isinstance(bias, OffsetBias):
         got = (bias.query_length, bias.key_length, bias.q_offset)
         if got != (query_length, key_length, q_offset):

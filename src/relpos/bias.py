@@ -139,6 +139,17 @@ class AdditiveBias(nn.Module):
         """The dense ``(1, H, Lq, Lk)`` bias."""
         raise NotImplementedError
 
+    def resolve(
+        self, query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
+    ) -> "OffsetBias | torch.Tensor":
+        """What attention uses: :meth:`offsets` for a translation-invariant bias, else :meth:`materialize`.
+
+        A bias that is per-offset only for some calls (FIRE up to its threshold) overrides this.
+        """
+        if self.translation_invariant:
+            return self.offsets(query_length, key_length, q_offset=q_offset, device=device)
+        return self.materialize(query_length, key_length, q_offset=q_offset, device=device)
+
     def offsets(
         self, query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
     ) -> OffsetBias:

@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Sequence
 
+from . import registry
 from .buckets import STRATEGIES, bucket_table
 
 __all__ = ["main"]
@@ -58,12 +59,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         )
     elif args.what == "bias":
         options = {}
-        if args.kind == "t5":
-            options = {"num_buckets": args.num_buckets, "max_distance": args.max_distance or 128}
-        elif args.kind == "clipped" and args.max_distance is not None:
-            options = {"max_distance": args.max_distance}
-        elif args.kind == "log_decay":
-            options = {"scale": args.scale}
+        if args.kind in registry.ENCODINGS:  # an unknown kind is refused by the plot, naming the choices
+            page = [o.name for o in registry.get(args.kind).options if o.page]
+            options = {name: getattr(args, name) for name in page if getattr(args, name, None) is not None}
         default_length = 49 if args.kind == "window2d" else 32
         length = default_length if args.length is None else args.length  # 0 is refused by the plot, not replaced
         path = plots.plot_bias(args.output, args.kind, length=length, causal=args.causal, seed=args.seed, **options)
@@ -99,13 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("what", choices=("buckets", "bias", "attention"),
                     help="buckets: the bucket of each (query, key); bias: a bias matrix; attention: standard vs biased weights")
     pl.add_argument("-o", "--output", required=True, help="the PNG file to write")
-    pl.add_argument("--kind", default="t5", help="bias to plot: t5, window2d, clipped, alibi, log_decay")
+    pl.add_argument("--kind", default="t5", help=f"bias to plot: {', '.join(registry.names(plot=True))}")
     pl.add_argument("--length", type=int, default=None, help="sequence length (window2d: positions, a square)")
     pl.add_argument("--num-buckets", type=int, default=32, help="T5 buckets (buckets, bias --kind t5)")
     pl.add_argument("--max-distance", type=int, default=None, help="T5 max distance (default: 128, or the length)")
     pl.add_argument("--causal", action="store_true", help="decoder (causal) form; future keys drawn as masked")
     pl.add_argument("--strategy", choices=STRATEGIES, default="log", help="bucketing strategy (T5: log)")
     pl.add_argument("--scale", type=float, default=0.3, help="log-decay scale (attention, log_decay)")
+    pl.add_argument("--r1", type=float, default=None, help="Kerple's r1 (kerple, kerple_power)")
+    pl.add_argument("--r2", type=float, default=None, help="Kerple's r2 (kerple, kerple_power)")
+    pl.add_argument("--dim", type=int, default=None, help="Sandwich's d' (default 16)")
+    pl.add_argument("--init-L", dest="init_L", type=float, default=None, help="FIRE's threshold L (default 512)")
     pl.add_argument("--seed", type=int, default=0, help="initialisation of learned tables")
     pl.set_defaults(func=_cmd_plot)
     ex = sub.add_parser("explore", help="serve the interactive page on 127.0.0.1 (a free port, printed)")

@@ -3,7 +3,9 @@
 * ``/``: the page (``explore_static/``: HTML, JS and CSS shipped with the package, nothing fetched
   from outside);
 * ``/api/buckets``: :func:`relpos.bucket_table` (the T5 bucket explorer);
-* ``/api/bias``: :func:`relpos.plots.bias_matrix` (the bias heatmap);
+* ``/api/bias``: :func:`relpos.plots.bias_matrix` (the bias heatmap) of any drawable encoding of
+  :mod:`relpos.registry`;
+* ``/api/kinds``: every encoding of the registry (name, label, paper, kind, summary, options);
 * ``/api/attention``: :func:`relpos.plots.worked_example_weights` (standard vs biased attention);
 * ``/api/image`` and ``/api/image-example``: :mod:`relpos.explore_image` (2D biases on a patch grid).
 
@@ -20,6 +22,7 @@ read it through DNS rebinding.
 
 from __future__ import annotations
 
+import html
 import ipaddress
 import json
 import pathlib
@@ -31,6 +34,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from . import registry
 from .buckets import STRATEGIES, bucket_table
 from .explore_image import api_image, worked_example
 from .plots import BIAS_KINDS, DECAYS, EXAMPLE_TOKENS, bias_details, bias_matrix, example_bias, worked_example_weights
@@ -92,6 +96,21 @@ def _api_buckets(query: dict) -> dict:
     )
 
 
+def _bias_options(kind: str, query: dict) -> dict:
+    """The options ``kind`` takes on the page (relpos.registry's ``page=True`` options), from the query."""
+    options = {}
+    for option in registry.get(kind).options:
+        if not option.page:
+            continue
+        if option.name == "num_buckets":
+            options["num_buckets"] = _buckets(query)
+        elif option.default is None and option.name not in query:
+            continue  # derived from the head count and width unless given
+        else:
+            options[option.name] = _param(query, option.name, option.type, option.default)
+    return options
+
+
 def _api_bias(query: dict) -> dict:
     kind = _param(query, "kind", str, "t5")
     if kind not in BIAS_KINDS:
@@ -99,19 +118,32 @@ def _api_bias(query: dict) -> dict:
     length = _param(query, "length", int, 16)
     if not 1 <= length <= MAX_LENGTH:
         raise BadRequest(f"length must be between 1 and {MAX_LENGTH}, got {length}")
-    options = {}
-    if kind == "t5":
-        options = {"num_buckets": _buckets(query), "max_distance": _param(query, "max_distance", int, 128)}
-    elif kind == "clipped":
-        options = {"max_distance": _param(query, "max_distance", int, 8)}
-    elif kind == "log_decay":
-        options = {"scale": _param(query, "scale", float, 0.3)}
+    options = _bias_options(kind, query)
     causal = _param(query, "causal", bool, False)
     seed = _param(query, "seed", int, 0)
     matrix = bias_matrix(kind, length, causal=causal, seed=seed, **options)
     details = bias_details(kind, length, causal=causal, seed=seed, **options)
+    encoding = registry.get(kind)
     return {"kind": kind, "length": length, "causal": causal and kind != "window2d", "options": options,
-            "matrix": matrix.tolist(), "details": details}
+            "matrix": matrix.tolist(), "details": details, "legend": encoding.summary, "formula": encoding.formula}
+
+
+def _api_kinds(query: dict) -> dict:
+    """Every encoding of relpos.registry: what it is and whether the bias view can draw it."""
+    return {"kinds": [
+        {"name": e.name, "label": e.label, "paper": e.paper, "kind": e.kind, "summary": e.summary, "formula": e.formula,
+         "paths": e.paths, "plot": e.plot, "options": [{"name": o.name, "default": o.default, "help": o.help} for o in e.options]}
+        for e in registry.ENCODINGS.values()
+    ]}
+
+
+def _kind_options() -> str:
+    """The bias view's <option> list, from relpos.registry (the page is served with it filled in)."""
+    def label(name: str) -> str:
+        e = registry.get(name)
+        seeded = " (seeded init)" if "init_std" in e.option_names() else ""
+        return html.escape(f"{e.label}{seeded} \u2014 {e.paper}")
+    return "".join(f'<option value="{name}">{label(name)}</option>' for name in BIAS_KINDS)
 
 
 def _api_attention(query: dict) -> dict:
@@ -125,8 +157,9 @@ def _api_attention(query: dict) -> dict:
             "standard": standard.tolist(), "biased": biased.tolist(), "difference": (biased - standard).tolist()}
 
 
-ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention,
+ROUTES = {"/api/buckets": _api_buckets, "/api/bias": _api_bias, "/api/attention": _api_attention, "/api/kinds": _api_kinds,
           "/api/image": lambda query: api_image(query, _param), "/api/image-example": lambda query: worked_example()}
+KINDS_MARK = b"<!-- bias kinds: filled in by relpos.explore from relpos.registry -->"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -186,7 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {url.path[:80]}"})
             return
         path = STATIC / name
-        self._send(HTTPStatus.OK, path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream"))
+        body = path.read_bytes()
+        if name == "index.html":
+            body = body.replace(KINDS_MARK, _kind_options().encode())
+        self._send(HTTPStatus.OK, body, _TYPES.get(path.suffix, "application/octet-stream"))
 
 
 class _Server(ThreadingHTTPServer):

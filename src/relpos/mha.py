@@ -1,8 +1,10 @@
 """Multi-head attention that takes any relpos position encoding, with a KV cache for decoding.
 
-``position`` is one of: an additive bias (T5, clipped, ALiBi, log-decay, windowed), a
-:class:`RotaryEmbedding` (rotates q and k), a :class:`ShawRelativePosition` (relative keys and
-values), or ``None``. Queries of a decoding step sit after the cached keys
+``position`` is one of: an additive bias (T5, clipped, ALiBi, log-decay, Kerple, Sandwich, FIRE,
+windowed), a :class:`RotaryEmbedding` or :class:`XPos` (rotate q and k), a
+:class:`ShawRelativePosition` (relative keys and values), a :class:`ForgettingGate` (gates from
+the layer's input; the cache keeps their running sum), a :class:`CoPE` (contextual positions,
+eager), or ``None``. Queries of a decoding step sit after the cached keys
 (``q_offset = cache.length``), so every encoding gets its positions right by construction.
 """
 
@@ -18,20 +20,25 @@ from ._checks import check_bool, check_choice, check_device, check_int, check_pr
 from .attention import BACKENDS, Backend, BiasLike, attention, check_defines_future, resolve_bias
 from ._masks import check_key_mask, fold_key_mask
 from .bias import AdditiveBias
+from .cope import CoPE
+from .forgetting import ForgettingGate, gated_attention
 from .rotary import RotaryEmbedding
 from .shaw import ShawRelativePosition
+from .xpos import XPos
 
 __all__ = ["KVCache", "MultiheadAttention", "PositionEncoding"]
 
-PositionEncoding = Union[AdditiveBias, RotaryEmbedding, ShawRelativePosition, None]
+PositionEncoding = Union[AdditiveBias, RotaryEmbedding, XPos, ShawRelativePosition, ForgettingGate, CoPE, None]
 
 
 class KVCache:
-    """Keys and values seen so far by one attention layer, ``(B, Hkv, T, d)`` each."""
+    """Keys and values seen so far by one attention layer, ``(B, Hkv, T, d)`` each; with a
+    :class:`ForgettingGate`, also ``gate``: the running sum of log forget gates ``(B, H, T)``."""
 
     def __init__(self) -> None:
         self.key: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
+        self.gate: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -106,6 +113,8 @@ class MultiheadAttention(nn.Module):
         self.causal = check_bool("causal", causal)
         self.scale = check_scale("scale", scale)
         self.dropout = check_probability("dropout", dropout)
+        if isinstance(position, CoPE) and self.dropout:
+            raise ValueError(f"dropout must be 0 with a CoPE position (its eager path has no attention dropout), got {dropout}")
         self.backend = check_choice("backend", backend, BACKENDS)
         factory = {"device": device, "dtype": dtype}
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -118,14 +127,32 @@ class MultiheadAttention(nn.Module):
         if isinstance(position, AdditiveBias):
             if position.num_heads not in (1, self.num_heads):
                 raise ValueError(f"position bias has num_heads={position.num_heads}, this layer has {self.num_heads}")
-        elif isinstance(position, (RotaryEmbedding, ShawRelativePosition)):
+        elif isinstance(position, ForgettingGate):
+            if (position.dim, position.num_heads) != (self.embed_dim, self.num_heads):
+                raise ValueError(
+                    f"position (ForgettingGate) has dim={position.dim}, num_heads={position.num_heads}; this layer has "
+                    f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+                )
+        elif isinstance(position, (RotaryEmbedding, XPos, ShawRelativePosition, CoPE)):
             if position.head_dim != self.head_dim:
                 raise ValueError(f"position has head_dim={position.head_dim}, this layer has head_dim={self.head_dim}")
         else:
             raise TypeError(
-                "position must be a relpos additive bias, RotaryEmbedding, ShawRelativePosition or None; "
+                "position must be a relpos additive bias, RotaryEmbedding, XPos, ShawRelativePosition, ForgettingGate, "
+                "CoPE or None; "
                 f"got {type(position).__name__}"
             )
+
+    def _gates(self, position: ForgettingGate, x: torch.Tensor, memory, cache: KVCache | None) -> torch.Tensor:
+        """``c`` (B, H, T) of every key so far; a cache keeps it (one new row per decoding step)."""
+        if memory is not None:
+            raise ValueError("a ForgettingGate layer is self-attention only (its gates come from the keys' own tokens)")
+        start = None if cache is None or cache.gate is None else cache.gate[..., -1]  # (B, H)
+        gate = position.cumulative(x, start)  # (B, H, Lq)
+        if cache is not None:
+            cache.gate = gate if cache.gate is None else torch.cat([cache.gate, gate], dim=-1)  # (B, H, T)
+            gate = cache.gate
+        return gate
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)  # (B, heads, L, dh)
@@ -181,12 +208,26 @@ class MultiheadAttention(nn.Module):
         position = self.position
         if isinstance(position, RotaryEmbedding):
             q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0)
+        elif isinstance(position, XPos):
+            q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0, downscale=True)
+        elif isinstance(position, ForgettingGate):
+            gate = self._gates(position, x, memory, cache)  # (B, H, T): c of every key so far
         if cache is not None and memory is None:
             k, v = cache.update(k, v)  # (B, Hkv, T, dh): all keys so far
         elif cache is not None:  # cross-attention: the memory's keys and values are cached once
             k, v = cache.update(k, v) if cache.key is None else (cache.key, cache.value)
         causal = self.causal and memory is None
-        if isinstance(position, ShawRelativePosition):
+        dropout = self.dropout if self.training else 0.0
+        if isinstance(position, ForgettingGate):
+            out = gated_attention(
+                q, k, v, gate, causal=causal, attn_mask=attn_mask, key_mask=key_mask, dropout_p=dropout,
+                scale=self.scale, q_offset=q_offset, backend=self.backend,
+            )  # (B, H, Lq, dh)
+        elif isinstance(position, CoPE):
+            if attn_mask is not None:
+                raise ValueError("CoPE layers take key_mask= for padding, not attn_mask= (positions count visible keys)")
+            out = position.attention(q, k, v, causal=causal, key_mask=key_mask, scale=self.scale, q_offset=q_offset)
+        elif isinstance(position, ShawRelativePosition):
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             if key_mask is not None:
@@ -203,7 +244,7 @@ class MultiheadAttention(nn.Module):
                 )
             out = attention(
                 q, k, v, bias=position_bias, causal=causal, attn_mask=attn_mask, key_mask=key_mask,
-                dropout_p=self.dropout if self.training else 0.0, scale=self.scale, q_offset=q_offset,
+                dropout_p=dropout, scale=self.scale, q_offset=q_offset,
                 backend=self.backend,
             )  # (B, H, Lq, dh)
         out = out.transpose(1, 2).flatten(-2)  # (B, Lq, H*dh)

@@ -1,7 +1,8 @@
 """Heatmaps of what the encodings do (``relpos plot``), computed by relpos itself.
 
 * ``buckets``: the (L, L) bucket matrix of :func:`relpos.relative_position_bucket`;
-* ``bias``: one head of any additive bias (T5, windowed 2D, clipped, ALiBi, log-decay);
+* ``bias``: one head of any additive bias of :mod:`relpos.registry` (T5, windowed 2D, clipped, ALiBi,
+  log-decay, Kerple, Sandwich, FIRE);
 * ``attention``: the worked "The cat sat on mat" example, standard vs biased attention weights.
 
 Needs matplotlib (``pip install "relpos[plot]"``).
@@ -17,18 +18,19 @@ import torch
 
 from ._checks import check_choice, check_int, check_positive_float
 from ._io import save_with
+from . import registry
 from .alibi import ALiBi
 from .attention import attention
 from .buckets import relative_position_bucket, relative_positions
-from .clipped import ClippedRelativeBias
 from .log_decay import LogDecayBias
-from .t5 import RelativePositionalBias
 from .window_bias import RelativePositionBias
 
 __all__ = ["BIAS_KINDS", "DECAYS", "EXAMPLE_TOKENS", "bias_matrix", "bias_details", "example_bias", "worked_example_weights",
            "plot_buckets", "plot_bias", "plot_attention"]
 
-BIAS_KINDS: tuple[str, ...] = ("t5", "window2d", "clipped", "alibi", "log_decay")
+#: the encodings drawable as a bias matrix (relpos.registry's ``plot=True`` records)
+BIAS_KINDS: tuple[str, ...] = registry.names(plot=True)
+PLOT_HEAD_DIM = 16  # the head width of the pictured head (Sandwich's d' when not given)
 EXAMPLE_TOKENS = ("The", "cat", "sat", "on", "mat")
 EXAMPLE_SCORES = [[0, 2, 1, 1, 1.5], [3, 0, 2, 1, 0.5], [1, 2, 2, 1, 1.5], [1, 1, 0, 2, 1], [1, 1, 1, 1, 1.5]]  # Q K^T
 
@@ -72,19 +74,8 @@ def _bias_module(kind: str, length: int, seed: int, causal: bool, options: dict)
         side = math.isqrt(length)
         if side * side != length:
             raise ValueError(f"length must be a square number of window positions for window2d, got {length}")
-        return RelativePositionBias(1, (side, side), init_std=1.0)
-    module = {
-        "t5": lambda: RelativePositionalBias(
-            1, options.get("num_buckets", 32), options.get("max_distance", 128), bidirectional=not causal,
-            init_std=1.0,
-        ),
-        "clipped": lambda: ClippedRelativeBias(1, options.get("max_distance", 8)),
-        "alibi": lambda: ALiBi(1, mode="causal" if causal else "symmetric", slopes=[options.get("slope", 0.25)]),
-        "log_decay": lambda: LogDecayBias(options.get("scale", 0.3)),
-    }[kind]()
-    if kind == "clipped":
-        torch.nn.init.normal_(module.relative_bias)
-    return module
+        options = {**options, "window_size": side}
+    return registry.get(kind).create(1, PLOT_HEAD_DIM, causal=causal, picture=True, **options)
 
 
 def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
@@ -99,27 +90,16 @@ def bias_matrix(kind: str, length: int = 32, *, seed: int = 0, causal: bool = Fa
 
 
 def bias_details(kind: str, length: int = 32, *, seed: int = 0, causal: bool = False, **options) -> dict:
-    """What each cell of :func:`bias_matrix` is made of, for the explorer's hover readout.
+    """What each cell of :func:`bias_matrix` is made of, for the explorer's hover readout
+    (each encoding's ``details`` in :mod:`relpos.registry`).
 
     t5: the bucket of every cell and the table (head 0); clipped: the clip distance and the table
     (offsets ``-R .. R``); window2d: the index of every cell and the table; alibi: the slope;
-    log_decay: the scale.
+    log_decay: the scale; Kerple and FIRE: their scalar parameters (head 0); Sandwich: ``d'``.
     """
     module = _bias_module(kind, length, seed, causal, options)
     with torch.no_grad():
-        if kind == "t5":
-            buckets = relative_position_bucket(
-                relative_positions(length, length), bidirectional=not causal, num_buckets=module.num_buckets,
-                max_distance=module.max_distance,
-            )
-            return {"buckets": buckets.tolist(), "table": module.relative_attention_bias.weight[:, 0].tolist()}
-        if kind == "clipped":
-            return {"max_distance": module.max_distance, "table": module.relative_bias[0].tolist()}
-        if kind == "window2d":
-            return {"index": module.relative_position_index.tolist(), "table": module.relative_position_bias_table[:, 0].tolist()}
-        if kind == "alibi":
-            return {"slope": float(module.slopes[0])}
-        return {"scale": module.scale}
+        return registry.get(kind).details(module, length, causal)
 
 
 DECAYS: tuple[str, ...] = ("log", "linear")
@@ -212,7 +192,8 @@ def plot_bias(path, kind: str = "t5", *, length: int = 32, causal: bool = False,
     ax.set_xlabel("key position j" if kind != "window2d" else "key patch (raster order)")
     ax.set_ylabel("query position i" if kind != "window2d" else "query patch (raster order)")
     details = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-    learned = " (learned: seeded random initialisation)" if kind in ("t5", "window2d", "clipped") else ""
+    has_parameters = any(True for _ in _bias_module(kind, length, seed, causal, options).parameters())
+    learned = " (learned: at its seeded initialisation)" if has_parameters else ""
     masked = ", causal (grey: masked future keys)" if causal and kind != "window2d" else ""
     _title(ax, f"{kind} bias, head 0, L={length}{masked}{', ' + details if details else ''}{learned}")
     path = _save(fig, path)

@@ -34,7 +34,7 @@ from torch import nn
 
 from ._checks import check_bool, check_device, check_int, check_positive_float, check_tensor
 
-__all__ = ["ROPE_SCALINGS", "RotaryEmbedding"]
+__all__ = ["ROPE_SCALINGS", "RotaryEmbedding", "apply_rotation"]
 
 #: rope_type -> (required keys, optional keys) of a ``scaling`` dict (transformers' names)
 ROPE_SCALINGS: dict[str, tuple[frozenset, frozenset]] = {
@@ -131,6 +131,19 @@ def _llama3(base: float, dim: int, s: dict, device=None) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
+    """``x * cos + turn(x) * sin`` in fp32 (fp64 for fp64 input), cast back: each channel pair rotated
+    (and scaled, if ``cos``/``sin`` carry a scale) by its ``(L, d)`` table entries."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    if interleaved:
+        pairs = xf.unflatten(-1, (-1, 2))  # (..., L, d/2, 2)
+        turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # (-x1, x0) per pair
+    else:
+        half = xf.shape[-1] // 2
+        turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)  # (-x2, x1)
+    return (xf * cos + turned * sin).to(x.dtype)  # (..., L, d)
 
 
 class RotaryEmbedding(nn.Module):
@@ -243,14 +256,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"x is on {x.device} but this RotaryEmbedding is on {self.inv_freq.device}; move it with .to(x.device)")
         positions = torch.arange(start, start + x.shape[-2], device=x.device)
         cos, sin = self.cos_sin(positions)  # (L, d) each
-        xf = x.float()
-        if self.interleaved:
-            pairs = xf.unflatten(-1, (-1, 2))  # (..., L, d/2, 2)
-            turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # (-x1, x0) per pair
-        else:
-            half = xf.shape[-1] // 2
-            turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)  # (-x2, x1)
-        return (xf * cos + turned * sin).to(x.dtype)  # (..., L, d)
+        return apply_rotation(x, cos, sin, interleaved=self.interleaved)  # (..., L, d)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, *, q_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         q_offset = check_int("q_offset", q_offset, minimum=0)

@@ -15,7 +15,7 @@ from ..buckets import STRATEGIES
 from . import runner
 from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS
-from .variants import MODELS, ROPE_SCALING_ROWS
+from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS
 
 __all__ = ["add_arguments", "add_task_arguments", "config_from_args", "task_configs_from_args", "run_from_args",
            "run_tasks_from_args", "main"]
@@ -46,7 +46,8 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--preset", choices=sorted(presets), default="default",
                         help="size of the run: default (minutes on 2 cores, docs/extrapolate.md), full (longer), smoke (seconds)")
     parser.add_argument("--encodings", default=",".join(MODELS),
-                        help=f"comma-separated models, from: {', '.join(MODELS)} (t5_md128: T5 with max_distance 128)")
+                        help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
+                             f"default: {', '.join(MODELS)})")
     parser.add_argument("--rope-scalings", default=",".join(ROPE_SCALING_ROWS),
                         help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
                              f"from: {', '.join(ROPE_SCALING_ROWS)}")
@@ -83,9 +84,9 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_models(text: str) -> tuple[str, ...]:
     names = _csv(str, text, "--encodings")
-    unknown = [e for e in names if e not in MODELS]
+    unknown = [e for e in names if e not in ALL_MODELS]
     if unknown:
-        raise ValueError(f"--encodings: unknown {unknown}; choose from {', '.join(MODELS)}")
+        raise ValueError(f"--encodings: unknown {unknown}; choose from {', '.join(ALL_MODELS)}")
     return names
 
 

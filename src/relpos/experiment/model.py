@@ -2,8 +2,9 @@
 
 ``TransformerLM(LMConfig(encoding="t5"))``: embeddings, ``layers`` pre-norm blocks of relpos
 :class:`MultiheadAttention` (causal) and a GELU MLP, a final RMSNorm, and an output layer tied to
-the embeddings. Relative biases are built once and shared by every layer (T5's convention);
-Shaw's relative vectors belong to each layer, as in the paper; absolute embeddings are added to
+the embeddings. Each encoding is built from its :mod:`relpos.registry` record: relative biases and rotary
+embeddings once, shared by every layer (T5's convention); Shaw's relative vectors, forgetting
+gates and CoPE's position vectors per layer, as in their papers; absolute embeddings are added to
 the token embeddings.
 """
 
@@ -15,20 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import registry
 from .._checks import check_choice, check_int
-from ..absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
-from ..alibi import ALiBi
 from ..buckets import STRATEGIES
-from ..clipped import ClippedRelativeBias
-from ..log_decay import LogDecayBias
 from ..mha import KVCache, MultiheadAttention
-from ..rotary import RotaryEmbedding
-from ..shaw import ShawRelativePosition
-from ..t5 import RelativePositionalBias
 
-__all__ = ["ENCODINGS", "LMConfig", "TransformerLM"]
+__all__ = ["ENCODINGS", "DEFAULT_ENCODINGS", "LMConfig", "TransformerLM"]
 
-ENCODINGS: tuple[str, ...] = ("none", "learned", "sinusoidal", "t5", "clipped", "alibi", "rope", "log_decay", "shaw")
+#: every encoding a sequence model can use (relpos.registry's ``sequence=True`` records)
+ENCODINGS: tuple[str, ...] = registry.names(sequence=True)
+#: those the experiment's default run trains (the others are selected with ``--encodings``)
+DEFAULT_ENCODINGS: tuple[str, ...] = registry.names(sequence=True, default_run=True)
 
 
 @dataclass(frozen=True)
@@ -58,18 +56,12 @@ class LMConfig:
         return replace(self, **changes)
 
 
-def _shared_position(config: LMConfig, head_dim: int):
-    """The relative encoding every layer shares (None for absolute, Shaw and NoPE)."""
-    heads = config.heads
-    return {
-        "t5": lambda: RelativePositionalBias(
-            heads, config.num_buckets, config.max_distance, bidirectional=False, strategy=config.strategy
-        ),
-        "clipped": lambda: ClippedRelativeBias(heads, config.clip_distance),
-        "alibi": lambda: ALiBi(heads),
-        "log_decay": lambda: LogDecayBias(config.log_decay_scale, num_heads=1),
-        "rope": lambda: RotaryEmbedding(head_dim),
-    }.get(config.encoding, lambda: None)()
+def _build(config: LMConfig, head_dim: int):
+    """The configured encoding's module (``None`` for NoPE), its options read from the config's fields."""
+    encoding = registry.get(config.encoding)
+    fields = {o.name: o.config_field or o.name for o in encoding.options}
+    options = {name: getattr(config, field) for name, field in fields.items() if hasattr(config, field)}
+    return encoding.create(config.heads, head_dim, causal=True, **options)
 
 
 class Block(nn.Module):
@@ -96,17 +88,11 @@ class TransformerLM(nn.Module):
         self.config = config
         head_dim = config.dim // config.heads
         self.embed = nn.Embedding(config.vocab, config.dim)
-        self.absolute = {
-            "learned": lambda: LearnedAbsolutePositionEmbedding(config.train_len, config.dim),
-            "sinusoidal": lambda: SinusoidalPositionEmbedding(config.dim),
-        }.get(config.encoding, lambda: None)()
-        self.position = _shared_position(config, head_dim)
-        self.blocks = nn.ModuleList(
-            Block(
-                config,
-                ShawRelativePosition(head_dim, config.clip_distance) if config.encoding == "shaw" else self.position,
-            )
-            for _ in range(config.layers)
+        scope = registry.get(config.encoding).scope
+        self.absolute = _build(config, head_dim) if scope == "input" else None
+        self.position = _build(config, head_dim) if scope == "shared" else None
+        self.blocks = nn.ModuleList(  # a per-layer encoding (Shaw, forgetting gates, CoPE) is built for each block
+            Block(config, _build(config, head_dim) if scope == "layer" else self.position) for _ in range(config.layers)
         )
         self.norm = nn.RMSNorm(config.dim)
         nn.init.normal_(self.embed.weight, std=0.02)

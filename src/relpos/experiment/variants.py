@@ -19,13 +19,17 @@
 
 from __future__ import annotations
 
+from .. import registry
 from ..rotary import RotaryEmbedding
-from .model import ENCODINGS, LMConfig
+from .model import DEFAULT_ENCODINGS, ENCODINGS, LMConfig
 
-__all__ = ["MODELS", "ROPE_SCALING_ROWS", "models", "rope_scaling", "describe"]
+__all__ = ["MODELS", "ALL_MODELS", "ROPE_SCALING_ROWS", "models", "rope_scaling", "describe"]
 
-#: every model name ``--encodings`` accepts: the nine encodings and T5 at max_distance 128
-MODELS: tuple[str, ...] = (*ENCODINGS[:4], "t5_md128", *ENCODINGS[4:])
+#: the models of the default run: the nine classic encodings and T5 at max_distance 128
+MODELS: tuple[str, ...] = (*DEFAULT_ENCODINGS[:4], "t5_md128", *DEFAULT_ENCODINGS[4:])
+#: every model name ``--encodings`` accepts: those and the other encodings of relpos.registry
+#: (Kerple, Sandwich, FIRE, xPos, forgetting gates, CoPE)
+ALL_MODELS: tuple[str, ...] = MODELS + tuple(e for e in ENCODINGS if e not in MODELS)
 
 #: the RoPE scalings evaluated on the trained RoPE model (transformers' rope_type names)
 ROPE_SCALING_ROWS: tuple[str, ...] = ("linear", "dynamic", "yarn", "llama3")
@@ -72,15 +76,14 @@ def rope_scaling(kind: str, head_dim: int, length: int, train_len: int) -> Rotar
     return RotaryEmbedding(head_dim, scaling=scaling)
 
 
-_LABELS = {
-    "none": "NoPE", "learned": "learned absolute", "sinusoidal": "sinusoidal", "t5": "T5 bias (max_distance = train length)",
-    "t5_md128": "T5 bias (max_distance 128)", "clipped": "clipped bias", "alibi": "ALiBi", "rope": "RoPE",
-    "log_decay": "log-decay (fixed)", "shaw": "Shaw keys/values",
-}
+_LABELS = {"t5": "T5 bias (max_distance = train length)", "t5_md128": "T5 bias (max_distance 128)",
+           "log_decay": "log-decay (fixed)"}
 
 
 def describe(name: str) -> str:
     """A readable label for a model name (``rope + yarn`` -> ``RoPE + yarn (no fine-tuning)``)."""
     if name.startswith("rope + "):
         return f"RoPE + {name[7:]} (eval only)"
-    return _LABELS.get(name, name)
+    if name in _LABELS:
+        return _LABELS[name]
+    return registry.get(name).label if name in registry.ENCODINGS else name

@@ -234,16 +234,12 @@ function explainCell(data, i, j) {
   }
   if (data.kind === "alibi") return `query ${i}, key ${j}: j \u2212 i = ${d} \u2192 \u2212m\u00b7|j \u2212 i| = \u2212${dd.slope}\u00b7${Math.abs(d)} = ${f(v)}`;
   if (data.kind === "log_decay") return `query ${i}, key ${j}: j \u2212 i = ${d} \u2192 \u2212s\u00b7log(1 + |j \u2212 i|) = \u2212${dd.scale}\u00b7log(${1 + Math.abs(d)}) = ${f(v)}`;
+  if (data.kind !== "window2d") {  // the other encodings of relpos.registry: their formula and parameters
+    const params = Object.entries(dd).map(([k, x]) => `${k} = ${typeof x === "number" ? +x.toFixed(4) : x}`).join(", ");
+    return `query ${i}, key ${j}: j \u2212 i = ${d} \u2192 ${data.formula}${params ? ` (${params})` : ""} = ${f(v)}`;
+  }
   return `query p = ${i}, key r = ${j}: index[${i}][${j}] = ${dd.index[i][j]} \u2192 table[${dd.index[i][j]}] = ${f(v)}`;
 }
-
-const LEGENDS = {
-  t5: "One learned number per bucket (here at its seeded random initialisation): the colours repeat along each diagonal, one per bucket.",
-  window2d: "Swin: one learned number per 2D offset (dh, dw) inside the window; a cell's index is its offset's slot in the table.",
-  clipped: "One learned number per offset in [\u2212R, R]; farther offsets share the end values.",
-  alibi: "A fixed linear penalty on distance, \u2212m\u00b7|j \u2212 i|, steeper for heads with larger slopes (head 0 shown).",
-  log_decay: "A fixed penalty that grows with the log of the distance.",
-};
 
 // the options an encoding takes; the others are hidden (and not sent)
 function biasParams() {
@@ -268,7 +264,7 @@ async function updateBias() {
     showError("bias", "");
     bias = data;
     drawBias(data);
-    document.getElementById("bias-legend").textContent = LEGENDS[data.kind] + (data.causal ? " Grey cells: future keys, masked." : "");
+    document.getElementById("bias-legend").textContent = data.legend + (data.causal ? " Grey cells: future keys, masked." : "");
     document.getElementById("bias-hover").textContent = "Hover a cell: query i, key j, how its bias is computed.";
   } catch (err) { bias = null; showError("bias", err.message); }
 }

@@ -1,0 +1,194 @@
+"""The new encodings against SDPA with no bias (and xPos against RoPE): docs/benchmarks-encodings.md.
+
+Causal self-attention, B=1, H=8, d=64, fp32, CPU. For each length, every variant's forward
+(``torch.no_grad``) and training step (forward + backward into q, k, v and the encoding's own
+parameters or gates) is timed in interleaved rounds (one call of each variant per round, the
+median over rounds), so a slow phase of a shared machine hits every variant alike. Peak extra
+memory is measured in a fresh process per variant (``--memory``): the growth of the peak RSS
+over the process's size before the call.
+
+    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory --markdown docs/benchmarks-encodings.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import relpos
+
+HEADS, DIM = 8, 64
+
+# name: (what it is compared with, the target ratio or None)
+VARIANTS: dict[str, tuple[str, float | None]] = {
+    "sdpa (no bias)": ("sdpa (no bias)", None),
+    "kerple": ("sdpa (no bias)", 1.2),
+    "sandwich": ("sdpa (no bias)", 1.2),
+    "fire (i <= L)": ("sdpa (no bias)", 1.2),
+    "fire (L = 512 < i)": ("sdpa (no bias)", None),
+    "forgetting": ("sdpa (no bias)", 1.2),
+    "rope": ("sdpa (no bias)", None),
+    "xpos": ("rope", 1.1),
+    "cope": ("sdpa (no bias)", None),
+}
+
+
+def _inputs(length: int, train: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, HEADS, length, DIM, generator=g).requires_grad_(train) for _ in range(3))
+    return q, k, v
+
+
+def make(name: str, length: int, train: bool):
+    """A closure running one call of ``name`` (and its backward when ``train``)."""
+    torch.manual_seed(0)
+    q, k, v = _inputs(length, train)
+    if name == "sdpa (no bias)":
+        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    elif name in ("kerple", "sandwich", "fire (i <= L)", "fire (L = 512 < i)"):
+        bias = {
+            "kerple": lambda: relpos.KerpleBias(HEADS, "log"),
+            "sandwich": lambda: relpos.SandwichBias(HEADS, HEADS * DIM),
+            "fire (i <= L)": lambda: relpos.FIREBias(HEADS, init_L=float(length)),
+            "fire (L = 512 < i)": lambda: relpos.FIREBias(HEADS),
+        }[name]()
+        run = lambda: relpos.attention(q, k, v, bias=bias, causal=True)  # noqa: E731
+    elif name == "forgetting":
+        logits = torch.randn(1, HEADS, length).add_(3.0).requires_grad_(train)  # gates near 0.95: a real decay
+        run = lambda: relpos.gated_attention(q, k, v, F.logsigmoid(logits).cumsum(-1), causal=True)  # noqa: E731
+    elif name in ("rope", "xpos"):
+        rotary = relpos.RotaryEmbedding(DIM, interleaved=True) if name == "rope" else relpos.XPos(DIM)
+
+        def run():
+            qr, kr = rotary(q, k)
+            return F.scaled_dot_product_attention(qr, kr, v, is_causal=True)
+    elif name == "cope":
+        cope = relpos.CoPE(DIM, 64, init_std=0.02)
+        run = lambda: cope.attention(q, k, v, causal=True)  # noqa: E731
+    else:
+        raise ValueError(f"unknown variant {name!r}")
+    if not train:
+        def forward():
+            with torch.no_grad():
+                run()
+        return forward
+    return lambda: run().sum().backward()
+
+
+def timings(lengths, rounds: int, names) -> dict:
+    results = {}
+    for length in lengths:
+        for train in (False, True):
+            calls = {n: make(n, length, train) for n in names}
+            for call in calls.values():  # warm-up
+                call()
+            seen = {n: [] for n in names}
+            for _ in range(rounds):
+                for n, call in calls.items():
+                    start = time.perf_counter()
+                    call()
+                    seen[n].append(time.perf_counter() - start)
+            mode = "train" if train else "forward"
+            for n in names:
+                results[f"{n}|{length}|{mode}"] = statistics.median(seen[n]) * 1000
+            print(f"L={length} {mode}: " + ", ".join(f"{n} {results[f'{n}|{length}|{mode}']:.0f} ms" for n in names), flush=True)
+    return results
+
+
+def memory_of(name: str, length: int, train: bool) -> float:
+    """Peak extra MiB of one call of ``name``, in a fresh process."""
+    code = (  # this file is loaded by path: its name would clash with the standard library's `encodings`
+        "import resource, gc, importlib.util as u; "
+        f"s = u.spec_from_file_location('bench_encodings', {__file__!r}); b = u.module_from_spec(s); s.loader.exec_module(b); "
+        f"call = b.make({name!r}, {length}, {train}); gc.collect(); "
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; call(); "
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def markdown(results: dict, memory: dict, lengths, command: str, title: str) -> str:
+    lines = [
+        f"## {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; a 2-core CPU "
+        "shared with other jobs while it ran (its load varies: the variants are interleaved, one call of each per "
+        "round, so a slow phase hits all of them; ratios are the figures to read).",
+        "",
+        "Causal self-attention, B = 1, H = 8, d = 64, fp32. Forward: under `torch.no_grad`; train: forward + backward "
+        "into q, k, v and the encoding's parameters (gates for the forgetting gate). Median ms over the rounds; the "
+        "ratio is to the variant named under 'vs' at the same length and mode. Peak extra MiB: the growth of the "
+        "peak RSS during one call, in a fresh process (one (1, 8, L, L) fp32 tensor is 128 MiB at L = 2048 and "
+        "512 MiB at L = 4096).",
+        "",
+        "| variant | L | vs | forward ms | ratio | target | train ms | ratio | forward peak MiB | train peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for length in lengths:
+        for name, (base, target) in VARIANTS.items():
+            key = f"{name}|{length}"
+            if f"{key}|forward" not in results:
+                continue
+            fwd, trn = results[f"{key}|forward"], results[f"{key}|train"]
+            rf, rt = fwd / results[f"{base}|{length}|forward"], trn / results[f"{base}|{length}|train"]
+            met = "" if target is None else (f"<= {target}x: {'met' if rf <= target else 'missed'}")
+            mem = [memory.get(f"{key}|{m}") for m in ("forward", "train")]
+            mem = ["" if m is None else f"{m:.0f}" for m in mem]
+            lines.append(f"| {name} | {length} | {base} | {fwd:.0f} | {rf:.2f} | {met} | {trn:.0f} | {rt:.2f} | {mem[0]} | {mem[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="2048,4096")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    parser.add_argument("--skip", default="", help="variant|length pairs to leave out, e.g. 'cope|4096'")
+    parser.add_argument("--memory", action="store_true", help="also measure peak extra memory (a process per variant)")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--append", action="store_true", help="append the table to --markdown instead of replacing it")
+    parser.add_argument("--title", default="Timings and memory", help="the table's heading")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    names = [n for n in args.variants.split(",") if n]
+    skip = set(filter(None, args.skip.split(",")))
+    results = {}
+    for length in lengths:
+        chosen = [n for n in names if f"{n}|{length}" not in skip]
+        results.update(timings([length], args.rounds, chosen))
+    memory = {}
+    if args.memory:
+        for length in lengths:
+            for n in names:
+                if f"{n}|{length}" in skip:
+                    continue
+                for train in (False, True):
+                    memory[f"{n}|{length}|{'train' if train else 'forward'}"] = memory_of(n, length, train)
+                print(f"memory L={length} {n}: {memory[f'{n}|{length}|forward']:.0f} / {memory[f'{n}|{length}|train']:.0f} MiB", flush=True)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
+    words = [f"'{w}'" if " " in w or "|" in w else w for w in (argv if argv is not None else sys.argv[1:])]
+    command = f"{env} PYTHONPATH=src python benchmarks/encodings.py ".lstrip() + " ".join(words)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"timings_ms": results, "peak_extra_mib": memory}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "a" if args.append else "w") as f:
+            f.write(("\n" if args.append else "") + markdown(results, memory, lengths, command, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
