@@ -100,6 +100,25 @@ def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *
         first, last = module.cpb_mlp[0], module.cpb_mlp[2]
         hidden = torch.relu(x @ param(first.weight).T + param(first.bias))  # (N, N, hidden)
         return (16 * torch.sigmoid(hidden @ param(last.weight).T)).permute(2, 0, 1)[None]  # (1, H, N, N)
+    if isinstance(module, relpos.KerpleBias):  # Chi et al. 2022; r1, r2 > 0 (the module's floor 1e-2, power r2 <= 2)
+        r1 = param(module.r1).clamp(min=1e-2)[:, None, None]  # (H, 1, 1)
+        r2 = param(module.r2).clamp(min=1e-2, max=2.0 if module.kind == "power" else None)[:, None, None]
+        distance = rel.abs().double()  # (Lq, Lk)
+        kernel = torch.log(1 + r2 * distance) if module.kind == "log" else distance**r2  # (H, Lq, Lk)
+        return (-r1 * kernel)[None]  # (1, H, Lq, Lk)
+    if isinstance(module, relpos.SandwichBias):  # Chi et al. 2023: sinusoid inner product - d'/2, over 8 h' / H
+        k = torch.arange(1, module.dim // 2 + 1, dtype=torch.float64)  # (d'/2,)
+        inner = torch.cos(rel.double()[..., None] * 10000.0 ** (-2 * k / module.dim)).sum(-1) - module.dim / 2  # (Lq, Lk)
+        heads = torch.arange(1, module.num_heads + 1, dtype=torch.float64)  # (H,)
+        return (inner[None] / (8 * heads / module.num_heads)[:, None, None])[None]  # (1, H, Lq, Lk)
+    if isinstance(module, relpos.FIREBias):  # Li et al. 2024: f(psi(i - j) / psi(max(L, i))), psi(x) = log(|c x| + 1)
+        c, threshold = param(module.c), (param(module.L_multiplier) * module.init_L.double()).abs()
+        psi = lambda x: torch.log((c * x).abs() + 1)  # noqa: E731
+        i = (torch.arange(query_length) + q_offset).double()  # (Lq,)
+        normalized = psi(rel.double()) / (psi(torch.maximum(i, threshold)) + module.eps)[:, None]  # (Lq, Lk)
+        first, last = module.mlp[0], module.mlp[2]
+        hidden = torch.relu(normalized[..., None] * param(first.weight)[:, 0] + param(first.bias))  # (Lq, Lk, width)
+        return (hidden @ param(last.weight).T + param(last.bias)).permute(2, 0, 1)[None]  # (1, H, Lq, Lk)
     raise TypeError(f"no oracle for {type(module).__name__}: add its formula to tests/oracles.py")
 
 

@@ -33,17 +33,29 @@ ENCODINGS = {  # name -> (factory, causal_only, window_length or None)
     "window_1d": (lambda: relpos.RelativePositionBias(H, 9, bias_type="1d"), False, 9),
     "window_factorized": (lambda: relpos.FactorizedRelativePositionBias(H, (3, 3)), False, 9),
     "window_swinv2": (lambda: relpos.ContinuousPositionBias(H, (3, 3), hidden_size=16), False, 9),
+    "kerple_log": (lambda: relpos.KerpleBias(H), False, None),
+    "kerple_power": (lambda: relpos.KerpleBias(H, kind="power"), False, None),
+    "sandwich": (lambda: relpos.SandwichBias(H, dim=E), False, None),
+    "fire": (lambda: relpos.FIREBias(H, mlp_width=8, init_L=6.0), False, None),
     "rope": (lambda: relpos.RotaryEmbedding(DH), False, None),
     "rope_interleaved": (lambda: relpos.RotaryEmbedding(DH, interleaved=True), False, None),
     "shaw": (lambda: relpos.ShawRelativePosition(DH, 3), False, None),
     "shaw_keys_only": (lambda: relpos.ShawRelativePosition(DH, 3, values=False), False, None),
+}
+# Encodings whose layer path has no closed-form fp64 oracle here (their own tests pin their formulas:
+# tests/test_xpos.py, test_forgetting.py, test_cope.py): checked by what every option must do.
+BY_INVARIANCE = {
+    "xpos": lambda: relpos.XPos(DH),
+    "forgetting_gate": lambda: relpos.ForgettingGate(E, H),
+    "cope": lambda: relpos.CoPE(DH, max_positions=8),
 }
 OPTIONS = ["plain", "causal", "key_padding", "dropout_train", "dropout_eval", "cache_decode", "cross"]
 
 
 def position_classes() -> set[type]:
     """Every public relpos class MultiheadAttention can take as ``position``."""
-    accepted = (relpos.AdditiveBias, relpos.RotaryEmbedding, relpos.ShawRelativePosition)
+    accepted = (relpos.AdditiveBias, relpos.RotaryEmbedding, relpos.ShawRelativePosition, relpos.XPos,
+                relpos.ForgettingGate, relpos.CoPE)
     found = set()
     for name in relpos.__all__:
         obj = getattr(relpos, name)
@@ -54,6 +66,7 @@ def position_classes() -> set[type]:
 
 def test_matrix_covers_every_position_encoding():
     covered = {type(factory()) for factory, _, _ in ENCODINGS.values()} - {type(None)}
+    covered |= {type(factory()) for factory in BY_INVARIANCE.values()}
     missing = sorted(c.__name__ for c in position_classes() - covered)
     assert not missing, f"add a line for {missing} to ENCODINGS in tests/test_mha_matrix.py (and its formula to tests/oracles.py)"
 
@@ -208,3 +221,50 @@ def test_fused_backend_dropout_equals_oracle(name):
         torch.manual_seed(11)
         got = layer(x)[0]
     _check(got, layer, x, drop=dropout_keep(seed, 2, H, 11, 11, 0.3))
+
+
+def _invariance_layer(name, **options):
+    torch.manual_seed(0)
+    position = BY_INVARIANCE[name]()
+    for p in position.parameters():
+        torch.nn.init.normal_(p, std=1.5)
+    options.setdefault("causal", name == "forgetting_gate")  # forgetting gates are causal-only
+    return MultiheadAttention(E, H, position=position, **options)
+
+
+@pytest.mark.parametrize("name", list(BY_INVARIANCE))
+def test_invariance_encodings_honour_every_option(name):
+    """Dropout applies in training (or is refused by name), padded keys and future keys change nothing
+    they must not, decoding equals the parallel forward, and the position term matters."""
+    x = torch.randn(2, 11, E, generator=torch.Generator().manual_seed(1))
+    try:
+        layer = _invariance_layer(name, dropout=0.5).train()
+    except ValueError as exc:
+        assert "dropout" in str(exc)  # refused by name, not silently skipped
+    else:
+        with torch.no_grad():
+            assert not torch.equal(layer(x)[0], layer(x)[0])  # a fresh dropout mask each call
+            layer.eval()
+            assert torch.equal(layer(x)[0], layer(x)[0])
+    layer = _invariance_layer(name, causal=True).eval()
+    with torch.no_grad():
+        full = layer(x)[0]
+        changed_future = x.clone()
+        changed_future[:, 6:] += 5.0
+        assert torch.allclose(layer(changed_future)[0][:, :6], full[:, :6], atol=ATOL)  # causal: the past only
+        cache = KVCache()
+        steps = [layer(x[:, :3], cache=cache)[0]] + [layer(x[:, t : t + 1], cache=cache)[0] for t in range(3, 11)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=ATOL)
+        without = MultiheadAttention(E, H, causal=True).eval()
+        without.load_state_dict(layer.state_dict(), strict=False)
+        assert (without(x)[0] - full).abs().max() > 10 * ATOL  # the position term matters
+    layer = _invariance_layer(name).eval()
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, :3] = False  # left padding: every real query of example 1 would see the padded keys
+    with torch.no_grad():
+        got = layer(x, key_mask=keep)[0]
+        changed_pad = x.clone()
+        changed_pad[1, :3] += 5.0  # padded keys and values changed: real positions must not see it
+        again = layer(changed_pad, key_mask=keep)[0]
+        assert torch.allclose(again[1, 3:], got[1, 3:], atol=ATOL) and torch.allclose(again[0], got[0], atol=ATOL)
+        assert (layer(x)[0][1, 3:] - got[1, 3:]).abs().max() > 10 * ATOL  # the padding mask was applied
