@@ -186,3 +186,21 @@ def test_bad_inputs():
         decomposed_attention(q, k[:, :, :29], v[:, :, :29], rel_h, rel_w)
     with pytest.raises(ValueError, match="input_size\\[1\\] must be positive"):
         DecomposedRelPos((3, 0), head_dim=8)
+
+
+def _graph_names(fn, seen=None):
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return set()
+    seen.add(fn)
+    names = {type(fn).__name__}
+    for child, _ in fn.next_functions:
+        names |= _graph_names(child, seen)
+    return names
+
+
+def test_fold_trains_through_sdpa_cpu_flash_backward():
+    q, k, v, table_h, table_w = (t.float().requires_grad_() for t in _inputs(grid=(4, 4)))
+    rel_h, rel_w = decomposed_terms(q, table_h, table_w, (4, 4))
+    out = decomposed_attention(q, k, v, rel_h, rel_w, impl="fold")
+    assert "ScaledDotProductFlashAttentionForCpuBackward0" in _graph_names(out.grad_fn)  # not the math kernel
