@@ -2,6 +2,7 @@
 
     python benchmarks/sam.py --mode forward --rounds 3
     python benchmarks/sam.py --mode train --rounds 3
+    python benchmarks/sam.py --mode window --rounds 5     # one windowed layer: 25 windows of 14 x 14
     python benchmarks/sam.py --mode encoder --rounds 2
 
 Variants, interleaved round by round (this kind of shared VM has slow phases lasting seconds):
@@ -30,14 +31,14 @@ from relpos.bench import _measure
 from relpos.decomposed import decomposed_attention, decomposed_terms
 
 
-def _layer(attn: str, use_rel_pos: bool = True):
+def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0):
     from transformers import SamVisionConfig
     from transformers.models.sam import modeling_sam
 
     config = SamVisionConfig(use_rel_pos=use_rel_pos)  # ViT-B: hidden 768, 12 heads, 1024 px, patch 16
     cls = modeling_sam.SamVisionSdpaAttention if attn == "sdpa" else modeling_sam.SamVisionAttention
     torch.manual_seed(0)
-    layer = cls(config, window_size=0)
+    layer = cls(config, window_size=window_size)
     if use_rel_pos:
         with torch.no_grad():
             layer.rel_pos_h.normal_()
@@ -61,9 +62,10 @@ def _relpos_layer(layer, impl: str):
 
 
 def _layer_variants(mode: str) -> dict:
-    sdpa, eager, floor = _layer("sdpa"), _layer("eager"), _layer("sdpa", use_rel_pos=False)
+    window = 14 if mode == "window" else 0  # SAM's windowed layers: 25 windows of 14 x 14 (64 padded to 70)
+    sdpa, eager, floor = _layer("sdpa", window_size=window), _layer("eager", window_size=window), _layer("sdpa", False, window)
     eager.load_state_dict(sdpa.state_dict())
-    hidden = torch.randn(1, 64, 64, 768)
+    hidden = torch.randn(25, 14, 14, 768) if window else torch.randn(1, 64, 64, 768)
     fns = {
         "hf_sdpa": sdpa,
         "hf_eager": eager,
@@ -71,7 +73,7 @@ def _layer_variants(mode: str) -> dict:
         "relpos_fold": _relpos_layer(sdpa, "fold"),
         "no_bias_floor": floor,
     }
-    if mode == "forward":
+    if mode in ("forward", "window"):
 
         def forward(fn):
             def call():
@@ -146,7 +148,7 @@ def markdown(mode: str, results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("forward", "train", "encoder"), default="forward")
+    parser.add_argument("--mode", choices=("forward", "train", "window", "encoder"), default="forward")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--forward-rows", type=int, default=None, help="override the tiles' forward block (query rows)")
     args = parser.parse_args(argv)

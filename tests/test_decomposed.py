@@ -77,10 +77,22 @@ def _weighted_sum(out):
     return (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
 
 
-@pytest.mark.parametrize("impl", ["tiles", "fold"])
+BLOCKS = {  # N -> (_FORWARD_ROWS, _FORWARD_ELEMENTS): how the tiles cut a (B=2, H=3, N, N) problem
+    "rows": lambda n: (4, 1 << 26),  # blocks of 4 query rows of one example, the last one partial
+    "examples": lambda n: (768, 3 * n * n),  # whole examples, one per call
+    "batch": lambda n: (768, 1 << 26),  # the whole batch in one call (windowed layers)
+}
+
+
+@pytest.mark.parametrize("impl,blocks", [("tiles", "rows"), ("tiles", "examples"), ("tiles", "batch"), ("fold", "rows")])
 @pytest.mark.parametrize("grid", [(5, 6), (3, 3)])
-def test_paths_equal_reference_with_gradients(impl, grid, monkeypatch):
-    monkeypatch.setattr(decomposed, "_FORWARD_ROWS", 4)  # several forward blocks, the last one partial
+def test_paths_equal_reference_with_gradients(impl, blocks, grid, monkeypatch):
+    n = grid[0] * grid[1]
+    rows, elements = BLOCKS[blocks](n)
+    monkeypatch.setattr(decomposed, "_FORWARD_ROWS", rows)
+    monkeypatch.setattr(decomposed, "_FORWARD_ELEMENTS", elements)
+    expected = {"rows": 2 * -(-n // 4), "examples": 2, "batch": 1}[blocks]
+    assert len(decomposed._forward_blocks(2, 3, n, n)) == expected
     results = {}
     for name in ("reference", impl):
         leaves = [t.requires_grad_() for t in _inputs(grid=grid)]
@@ -182,6 +194,8 @@ def test_bad_inputs():
         decomposed_attention(q, k, v, rel_h, rel_w, impl="dense")
     with pytest.raises(ValueError, match="no dropout"):
         decomposed_attention(q, k, v, rel_h, rel_w, impl="tiles", dropout_p=0.1)
+    with pytest.raises(ValueError, match="key and value must be .B, H, K, d. with the query's"):
+        decomposed_attention(q, k, v[..., :4], rel_h, rel_w)
     with pytest.raises(ValueError, match="must hold the 29 keys"):
         decomposed_attention(q, k[:, :, :29], v[:, :, :29], rel_h, rel_w)
     with pytest.raises(ValueError, match="input_size\\[1\\] must be positive"):

@@ -50,7 +50,8 @@ __all__ = [
 Impl = Literal["auto", "tiles", "fold", "reference"]
 IMPLS = ("auto", "tiles", "fold", "reference")
 # Forward blocks: 768 query rows, the length from which SDPA's CPU flash kernel uses its largest query
-# block (256), measured fastest in docs/bench-sam.md; fewer when a block's mask (H * rows * N) would pass 2**26.
+# block (256), measured fastest in docs/bench-sam.md; fewer when a block's mask (H * rows * N) would
+# pass 2**26 elements; short sequences (windows) go several examples per call up to that size.
 _FORWARD_ROWS = 768
 _FORWARD_ELEMENTS = 1 << 26
 
@@ -173,8 +174,18 @@ def _fold(query, key, value, rel_h, rel_w, scale: float, dropout_p: float) -> to
     return out[..., : value.shape[-1]]  # (B, H, N, dv)
 
 
+def _forward_blocks(batch: int, heads: int, length: int, keys: int) -> list[tuple[int, int, int, int]]:
+    """(b0, b1, r0, r1) blocks: 768 query rows of one example (global layers), or whole examples
+    grouped up to ``_FORWARD_ELEMENTS`` logits (windowed layers: many small windows per call)."""
+    rows = max(1, min(_FORWARD_ROWS, _FORWARD_ELEMENTS // (heads * keys)))
+    if rows < length:
+        return [(b, b + 1, a, min(length, a + rows)) for b in range(batch) for a in range(0, length, rows)]
+    group = max(1, _FORWARD_ELEMENTS // (heads * length * keys))
+    return [(b, min(batch, b + group), 0, length) for b in range(0, batch, group)]
+
+
 class _TiledDecomposed(torch.autograd.Function):
-    """Forward: SDPA's CPU flash kernel per block of query rows; backward: the blocks recomputed."""
+    """Forward: SDPA's CPU flash kernel per block of query rows; backward: SDPA's CPU flash backward on the fold."""
 
     @staticmethod
     def forward(ctx, query, key, value, rel_h, rel_w, scale):
@@ -184,15 +195,14 @@ class _TiledDecomposed(torch.autograd.Function):
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out = query.new_empty(batch, heads, length, value.shape[-1])  # (B, H, N, dv)
         lse = torch.empty(batch, heads, length, dtype=acc, device=query.device)  # (B, H, N)
-        rows = max(1, min(_FORWARD_ROWS, _FORWARD_ELEMENTS // (heads * key.shape[-2])))
         terms_h, terms_w = rel_h.to(acc), rel_w.to(acc)  # (B, H, N, Kh), (B, H, N, Kw)
-        buffer = query.new_empty(1, heads, min(rows, length), rel_h.shape[-1], rel_w.shape[-1], dtype=acc)
-        for b in range(batch):  # one mask buffer for every block: no fresh pages to fault in per block
-            for a in range(0, length, rows):
-                c = min(length, a + rows)
-                mask = torch.add(terms_h[b : b + 1, :, a:c, :, None], terms_w[b : b + 1, :, a:c, None, :], out=buffer[:, :, : c - a])
-                o, m = flash(query[b : b + 1, :, a:c], key[b : b + 1], value[b : b + 1], 0.0, False, attn_mask=mask.flatten(-2), scale=scale)
-                out[b, :, a:c], lse[b, :, a:c] = o[0], m[0]  # (H, rows, dv), (H, rows)
+        blocks = _forward_blocks(batch, heads, length, key.shape[-2])
+        first = blocks[0]  # the largest block
+        buffer = query.new_empty(first[1] - first[0], heads, first[3] - first[2], rel_h.shape[-1], rel_w.shape[-1], dtype=acc)
+        for b0, b1, a, c in blocks:  # one mask buffer for every block: no fresh pages to fault in per block
+            mask = torch.add(terms_h[b0:b1, :, a:c, :, None], terms_w[b0:b1, :, a:c, None, :], out=buffer[: b1 - b0, :, : c - a])
+            o, m = flash(query[b0:b1, :, a:c], key[b0:b1], value[b0:b1], 0.0, False, attn_mask=mask.flatten(-2), scale=scale)
+            out[b0:b1, :, a:c], lse[b0:b1, :, a:c] = o, m  # (b, H, rows, dv), (b, H, rows)
         ctx.save_for_backward(query, key, value, rel_h, rel_w, out, lse)
         ctx.scale = scale
         return out
@@ -248,6 +258,11 @@ def decomposed_attention(
     impl = check_choice("impl", impl, IMPLS)
     scale = check_scale("scale", scale)
     dropout_p = check_probability("dropout_p", dropout_p)
+    if key.shape[:2] != query.shape[:2] or value.shape[:3] != key.shape[:3] or (key.shape[-1], value.shape[-1]) != (query.shape[-1],) * 2:
+        raise ValueError(
+            f"key and value must be (B, H, K, d) with the query's B, H and head dim d (SAM's and ViTDet's layout); got "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
     if rel_h.shape[:3] != query.shape[:3] or rel_w.shape[:3] != query.shape[:3]:
         raise ValueError(f"rel_h and rel_w must be (B, H, N, .) like query {tuple(query.shape[:3])}, got {tuple(rel_h.shape)} and {tuple(rel_w.shape)}")
     if rel_h.shape[-1] * rel_w.shape[-1] != key.shape[-2]:
