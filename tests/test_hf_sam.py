@@ -213,3 +213,15 @@ def test_dropout_follows_the_module():
         layer.eval()
         with torch.no_grad():
             torch.testing.assert_close(layer(hidden)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_layers_without_relative_positions():
+    torch.manual_seed(0)
+    config = transformers.VitDetConfig(**{**VITDET, "use_relative_position_embeddings": False})
+    reference = _unit_weights(transformers.VitDetBackbone(config)).eval()
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    inputs = _inputs("vitdet")
+    with torch.no_grad():
+        ours, theirs = (_outputs("vitdet", m, inputs) for m in (accelerated, reference))
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=2e-4, atol=2e-4)
