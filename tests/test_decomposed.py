@@ -77,11 +77,22 @@ def _weighted_sum(out):
     return (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
 
 
-@pytest.mark.parametrize("impl", ["tiles", "fold"])
+BLOCKS = {  # N -> (_FORWARD_ROWS, _FORWARD_ELEMENTS): how the tiles cut a (B=2, H=3, N, N) problem
+    "rows": lambda n: (4, 1 << 26),  # blocks of 4 query rows of one example, the last one partial
+    "examples": lambda n: (768, 3 * n * n),  # whole examples, one per call
+    "batch": lambda n: (768, 1 << 26),  # the whole batch in one call (windowed layers)
+}
+
+
+@pytest.mark.parametrize("impl,blocks", [("tiles", "rows"), ("tiles", "examples"), ("tiles", "batch"), ("fold", "rows")])
 @pytest.mark.parametrize("grid", [(5, 6), (3, 3)])
-def test_paths_equal_reference_with_gradients(impl, grid, monkeypatch):
-    monkeypatch.setattr(decomposed, "_FORWARD_ELEMENTS", 2 * 3 * 2 * grid[0] * grid[1])  # several forward blocks
-    monkeypatch.setattr(decomposed, "_BACKWARD_ELEMENTS", 3 * 3 * grid[0] * grid[1])  # and backward blocks
+def test_paths_equal_reference_with_gradients(impl, blocks, grid, monkeypatch):
+    n = grid[0] * grid[1]
+    rows, elements = BLOCKS[blocks](n)
+    monkeypatch.setattr(decomposed, "_FORWARD_ROWS", rows)
+    monkeypatch.setattr(decomposed, "_FORWARD_ELEMENTS", elements)
+    expected = {"rows": 2 * -(-n // 4), "examples": 2, "batch": 1}[blocks]
+    assert len(decomposed._forward_blocks(2, 3, n, n)) == expected
     results = {}
     for name in ("reference", impl):
         leaves = [t.requires_grad_() for t in _inputs(grid=grid)]
@@ -127,8 +138,7 @@ class _LargestTensor(TorchDispatchMode):
 @pytest.mark.parametrize("impl", ["tiles", "fold"])
 def test_never_holds_the_dense_bias(impl, monkeypatch):
     grid, batch, heads, n = (16, 16), 2, 3, 256
-    monkeypatch.setattr(decomposed, "_FORWARD_ELEMENTS", batch * heads * 16 * n)
-    monkeypatch.setattr(decomposed, "_BACKWARD_ELEMENTS", heads * 16 * n)
+    monkeypatch.setattr(decomposed, "_FORWARD_ROWS", 16)
     leaves = [t.float().requires_grad_() for t in _inputs(batch=batch, heads=heads, grid=grid)]
     dense = batch * heads * n * n
     with _LargestTensor() as probe:
@@ -184,7 +194,27 @@ def test_bad_inputs():
         decomposed_attention(q, k, v, rel_h, rel_w, impl="dense")
     with pytest.raises(ValueError, match="no dropout"):
         decomposed_attention(q, k, v, rel_h, rel_w, impl="tiles", dropout_p=0.1)
+    with pytest.raises(ValueError, match="key and value must be .B, H, K, d. with the query's"):
+        decomposed_attention(q, k, v[..., :4], rel_h, rel_w)
     with pytest.raises(ValueError, match="must hold the 29 keys"):
         decomposed_attention(q, k[:, :, :29], v[:, :, :29], rel_h, rel_w)
     with pytest.raises(ValueError, match="input_size\\[1\\] must be positive"):
         DecomposedRelPos((3, 0), head_dim=8)
+
+
+def _graph_names(fn, seen=None):
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return set()
+    seen.add(fn)
+    names = {type(fn).__name__}
+    for child, _ in fn.next_functions:
+        names |= _graph_names(child, seen)
+    return names
+
+
+def test_fold_trains_through_sdpa_cpu_flash_backward():
+    q, k, v, table_h, table_w = (t.float().requires_grad_() for t in _inputs(grid=(4, 4)))
+    rel_h, rel_w = decomposed_terms(q, table_h, table_w, (4, 4))
+    out = decomposed_attention(q, k, v, rel_h, rel_w, impl="fold")
+    assert "ScaledDotProductFlashAttentionForCpuBackward0" in _graph_names(out.grad_fn)  # not the math kernel

@@ -194,3 +194,34 @@ def test_check_refuses_a_module_that_does_not_fit():
     with pytest.raises(RuntimeError, match="does not fit SamVisionSdpaAttention"):
         rh.accelerate(model)
     assert not rh.is_accelerated(model) and "forward" not in model.vision_encoder.layers[1].attn.__dict__
+
+
+def test_dropout_follows_the_module():
+    hidden = torch.randn(2, 8, 8, 32, generator=torch.Generator().manual_seed(9))
+    for attn, applies in (("eager", True), ("sdpa", False)):
+        torch.manual_seed(0)
+        config = transformers.SamVisionConfig(**{**VISION, "attention_dropout": 0.5})
+        reference = _randomize_tables(_unit_weights(transformers.SamVisionModel._from_config(config, attn_implementation=attn)))
+        accelerated = rh.accelerate(copy.deepcopy(reference)).train()
+        layer = accelerated.vision_encoder.layers[1].attn  # global
+        with torch.no_grad():
+            first, second = layer(hidden)[0], layer(hidden)[0]
+            want = reference.vision_encoder.layers[1].attn.eval()(hidden)[0]
+        assert (not torch.allclose(first, second)) == applies, attn  # SAM's eager module drops, its sdpa one never
+        if not applies:
+            torch.testing.assert_close(first, want, rtol=2e-4, atol=2e-4)
+        layer.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(layer(hidden)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_layers_without_relative_positions():
+    torch.manual_seed(0)
+    config = transformers.VitDetConfig(**{**VITDET, "use_relative_position_embeddings": False})
+    reference = _unit_weights(transformers.VitDetBackbone(config)).eval()
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    inputs = _inputs("vitdet")
+    with torch.no_grad():
+        ours, theirs = (_outputs("vitdet", m, inputs) for m in (accelerated, reference))
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=2e-4, atol=2e-4)

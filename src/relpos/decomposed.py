@@ -14,10 +14,10 @@ content, so it is not a :class:`relpos.RelativeBias` (whose ``bias_at`` reads of
 ``rel_h`` and ``rel_w`` are ``(B, H, N, Kh)`` and ``(B, H, N, Kw)``: small. Three paths compute
 the same attention (the ``impl`` switch of :func:`decomposed_attention`):
 
-* ``"tiles"`` (CPU): blocks of query rows; each block builds its dense ``(B, H, rows, N)`` bias
-  from ``rel_h`` + ``rel_w`` and calls SDPA's fused CPU flash kernel; the backward recomputes the
-  blocks (as :mod:`relpos._fused` does) and returns ``d rel_h``, ``d rel_w`` as row / column sums
-  of each block's ``dS``. Never more than one block of logits at a time.
+* ``"tiles"`` (CPU): blocks of query rows; each block builds its dense ``(H, rows, N)`` bias from
+  ``rel_h`` + ``rel_w`` (into one reused buffer) and calls SDPA's fused CPU flash kernel. The
+  backward is SDPA's CPU flash backward on the fold below (same output, same logsumexp): its
+  query gradient holds ``d rel_h`` and ``d rel_w``. Never more than one block of bias at a time.
 * ``"fold"`` (any device): ``[q * s, rel_h, rel_w] . [k, onehot(key row), onehot(key column)]``
   equals ``q . k * s + bias``, so one SDPA call with a head dim of ``d + Kh + Kw`` (the value
   zero-padded to it so CPU SDPA keeps its flash kernel); gradients by SDPA's own backward. On a
@@ -49,8 +49,11 @@ __all__ = [
 
 Impl = Literal["auto", "tiles", "fold", "reference"]
 IMPLS = ("auto", "tiles", "fold", "reference")
-_FORWARD_ELEMENTS = 1 << 22  # logits per forward block (B * H * rows * N); measured in docs/bench-sam.md
-_BACKWARD_ELEMENTS = 1 << 21  # logits per backward block (H * rows * N), as in relpos._fused
+# Forward blocks: 768 query rows, the length from which SDPA's CPU flash kernel uses its largest query
+# block (256), measured fastest in docs/bench-sam.md; fewer when a block's mask (H * rows * N) would
+# pass 2**26 elements; short sequences (windows) go several examples per call up to that size.
+_FORWARD_ROWS = 768
+_FORWARD_ELEMENTS = 1 << 26
 
 
 def _grid(name: str, value: int | Sequence[int]) -> tuple[int, int]:
@@ -154,62 +157,67 @@ def _reference(query, key, value, rel_h, rel_w, scale: float, dropout_p: float) 
     return (weights @ value.to(acc)).to(query.dtype)  # (B, H, N, dv)
 
 
-def _fold(query, key, value, rel_h, rel_w, scale: float, dropout_p: float) -> torch.Tensor:
+def _fold_inputs(query, key, value, rel_h, rel_w, scale: float):
+    """``[q * s, rel_h, rel_w]``, ``[k, onehot(key row), onehot(key column)]`` and ``v`` zero-padded: one head dim D."""
     kh, kw = rel_h.shape[-1], rel_w.shape[-1]
     rows = torch.arange(kh * kw, device=key.device)
     onehot = torch.cat([F.one_hot(rows // kw, kh), F.one_hot(rows % kw, kw)], -1).to(key.dtype)  # (K, Kh + Kw)
-    q_fold = torch.cat([query * scale, rel_h.to(query.dtype), rel_w.to(query.dtype)], -1)  # (B, H, N, d + Kh + Kw)
-    k_fold = torch.cat([key, onehot.expand(*key.shape[:-1], -1)], -1)  # (B, H, K, d + Kh + Kw)
-    pad = q_fold.shape[-1] - value.shape[-1]
-    out = F.scaled_dot_product_attention(q_fold, k_fold, F.pad(value, (0, pad)), dropout_p=dropout_p, scale=1.0)
+    q_fold = torch.cat([query * scale, rel_h.to(query.dtype), rel_w.to(query.dtype)], -1)  # (B, H, N, D = d + Kh + Kw)
+    k_fold = torch.cat([key, onehot.expand(*key.shape[:-1], -1)], -1)  # (B, H, K, D)
+    v_fold = F.pad(value, (0, q_fold.shape[-1] - value.shape[-1]))  # (B, H, K, D): CPU SDPA keeps its flash kernel
+    return q_fold, k_fold, v_fold
+
+
+def _fold(query, key, value, rel_h, rel_w, scale: float, dropout_p: float) -> torch.Tensor:
+    q_fold, k_fold, v_fold = _fold_inputs(query, key, value, rel_h, rel_w, scale)  # (B, H, ., D)
+    out = F.scaled_dot_product_attention(q_fold, k_fold, v_fold, dropout_p=dropout_p, scale=1.0)  # (B, H, N, D)
     return out[..., : value.shape[-1]]  # (B, H, N, dv)
 
 
-def _row_blocks(rows: int, per_row: int, budget: int):
-    step = max(1, budget // max(per_row, 1))
-    for a in range(0, rows, step):
-        yield a, min(rows, a + step)
+def _forward_blocks(batch: int, heads: int, length: int, keys: int) -> list[tuple[int, int, int, int]]:
+    """(b0, b1, r0, r1) blocks: 768 query rows of one example (global layers), or whole examples
+    grouped up to ``_FORWARD_ELEMENTS`` logits (windowed layers: many small windows per call)."""
+    rows = max(1, min(_FORWARD_ROWS, _FORWARD_ELEMENTS // (heads * keys)))
+    if rows < length:
+        return [(b, b + 1, a, min(length, a + rows)) for b in range(batch) for a in range(0, length, rows)]
+    group = max(1, _FORWARD_ELEMENTS // (heads * length * keys))
+    return [(b, min(batch, b + group), 0, length) for b in range(0, batch, group)]
 
 
 class _TiledDecomposed(torch.autograd.Function):
-    """Forward: SDPA's CPU flash kernel per block of query rows; backward: the blocks recomputed."""
+    """Forward: SDPA's CPU flash kernel per block of query rows; backward: SDPA's CPU flash backward on the fold."""
 
     @staticmethod
     def forward(ctx, query, key, value, rel_h, rel_w, scale):
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()  # once, not per block
         batch, heads, length, _ = query.shape
         acc = accumulate_dtype(query.dtype)
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out = query.new_empty(batch, heads, length, value.shape[-1])  # (B, H, N, dv)
         lse = torch.empty(batch, heads, length, dtype=acc, device=query.device)  # (B, H, N)
-        for a, c in _row_blocks(length, batch * heads * key.shape[-2], _FORWARD_ELEMENTS):
-            mask = decomposed_bias(rel_h[:, :, a:c].to(acc), rel_w[:, :, a:c].to(acc))  # (B, H, rows, K), fp32
-            out[:, :, a:c], lse[:, :, a:c] = flash(query[:, :, a:c], key, value, 0.0, False, attn_mask=mask, scale=scale)
+        terms_h, terms_w = rel_h.to(acc), rel_w.to(acc)  # (B, H, N, Kh), (B, H, N, Kw)
+        blocks = _forward_blocks(batch, heads, length, key.shape[-2])
+        first = blocks[0]  # the largest block
+        buffer = query.new_empty(first[1] - first[0], heads, first[3] - first[2], rel_h.shape[-1], rel_w.shape[-1], dtype=acc)
+        for b0, b1, a, c in blocks:  # one mask buffer for every block: no fresh pages to fault in per block
+            mask = torch.add(terms_h[b0:b1, :, a:c, :, None], terms_w[b0:b1, :, a:c, None, :], out=buffer[: b1 - b0, :, : c - a])
+            o, m = flash(query[b0:b1, :, a:c], key[b0:b1], value[b0:b1], 0.0, False, attn_mask=mask.flatten(-2), scale=scale)
+            out[b0:b1, :, a:c], lse[b0:b1, :, a:c] = o, m  # (b, H, rows, dv), (b, H, rows)
         ctx.save_for_backward(query, key, value, rel_h, rel_w, out, lse)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        # The fold's gradients by SDPA's CPU flash backward: the fold has the same output and logsumexp.
         q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
-        heads, length, (kh, kw), scale = q.shape[1], q.shape[2], (rel_h.shape[-1], rel_w.shape[-1]), ctx.scale
-        acc = accumulate_dtype(q.dtype)
-        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v, rel_h, rel_w)]
-        dq, dk, dv, drel_h, drel_w = grads
-        for b in range(q.shape[0]):
-            kb, vb = k[b].to(acc), v[b].to(acc)  # (H, K, d)
-            for a, c in _row_blocks(length, heads * k.shape[-2], _BACKWARD_ELEMENTS):
-                qb, gb = q[b, :, a:c].to(acc), grad_out[b, :, a:c].to(acc)  # (H, rows, d)
-                delta = (gb * out[b, :, a:c].to(acc)).sum(-1, keepdim=True)  # (H, rows, 1)
-                bias = decomposed_bias(rel_h[b, :, a:c].to(acc), rel_w[b, :, a:c].to(acc))  # (H, rows, K)
-                p = torch.baddbmm(bias, qb, kb.transpose(1, 2), alpha=scale)  # (H, rows, K) logits
-                p.sub_(lse[b, :, a:c, None].to(acc)).exp_()  # probabilities
-                dv[b].baddbmm_(p.transpose(1, 2), gb)
-                ds = torch.bmm(gb, vb.transpose(1, 2)).sub_(delta).mul_(p)  # (H, rows, K) dS
-                dq[b, :, a:c] = torch.bmm(ds, kb).mul_(scale)
-                dk[b].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
-                grid = ds.view(heads, c - a, kh, kw)  # (H, rows, Kh, Kw)
-                drel_h[b, :, a:c] = grid.sum(-1)
-                drel_w[b, :, a:c] = grid.sum(-2)
+        (d, dv), kh = (q.shape[-1], v.shape[-1]), rel_h.shape[-1]
+        q_fold, k_fold, v_fold = _fold_inputs(q, k, v, rel_h, rel_w, ctx.scale)  # (B, H, ., D)
+        pad = (0, q_fold.shape[-1] - dv)
+        dq, dk, dvf = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            F.pad(grad_out, pad), q_fold, k_fold, v_fold, F.pad(out, pad), lse, 0.0, False, scale=1.0
+        )  # (B, H, ., D) each
+        grads = (dq[..., :d] * ctx.scale, dk[..., :d], dvf[..., :dv], dq[..., d : d + kh], dq[..., d + kh :])
         return (*(g.to(t.dtype) for g, t in zip(grads, (q, k, v, rel_h, rel_w))), None)
 
 
@@ -250,6 +258,11 @@ def decomposed_attention(
     impl = check_choice("impl", impl, IMPLS)
     scale = check_scale("scale", scale)
     dropout_p = check_probability("dropout_p", dropout_p)
+    if key.shape[:2] != query.shape[:2] or value.shape[:3] != key.shape[:3] or (key.shape[-1], value.shape[-1]) != (query.shape[-1],) * 2:
+        raise ValueError(
+            f"key and value must be (B, H, K, d) with the query's B, H and head dim d (SAM's and ViTDet's layout); got "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
     if rel_h.shape[:3] != query.shape[:3] or rel_w.shape[:3] != query.shape[:3]:
         raise ValueError(f"rel_h and rel_w must be (B, H, N, .) like query {tuple(query.shape[:3])}, got {tuple(rel_h.shape)} and {tuple(rel_w.shape)}")
     if rel_h.shape[-1] * rel_w.shape[-1] != key.shape[-2]:

@@ -10,8 +10,10 @@ same ``rel_pos_h`` / ``rel_pos_w`` (resized as SAM does), and :func:`relpos.deco
 prompt encoder and necks are left as they are. Undo restores the instances' own ``forward``.
 
 Attention weights (a module called with ``output_attentions=True``, as ViTDet's layers do) are
-computed by transformers' own forward (they are the dense tensor). SAM's eager module applies ``attention_dropout`` in training, as relpos does then
-(through SDPA's dropout, the math kernel on CPU); SAM's sdpa module never does, nor does relpos then.
+computed by transformers' own forward (they are the dense tensor). SAM's eager module applies
+``attention_dropout`` in training, as relpos does then (through SDPA's dropout, the math kernel
+on CPU); SAM's sdpa module never does, nor does relpos then. Layers without relative positions
+(``use_rel_pos=False``; ViTDet's default) run SDPA with no bias.
 """
 
 from __future__ import annotations

@@ -1,0 +1,164 @@
+"""One SAM ViT-B global attention layer (and the ViT-B image encoder) at 1024 x 1024: relpos vs transformers.
+
+    python benchmarks/sam.py --mode forward --rounds 3
+    python benchmarks/sam.py --mode train --rounds 3
+    python benchmarks/sam.py --mode window --rounds 5     # one windowed layer: 25 windows of 14 x 14
+    python benchmarks/sam.py --mode encoder --rounds 2
+
+Variants, interleaved round by round (this kind of shared VM has slow phases lasting seconds):
+* ``hf_sdpa`` / ``hf_eager``: transformers' ``SamVisionSdpaAttention`` / ``SamVisionAttention``;
+* ``relpos_tiles`` / ``relpos_fold``: the same layer accelerated (``relpos.hf.accelerate``'s forward),
+  with ``impl="tiles"`` (the CPU default) or ``impl="fold"``;
+* ``no_bias_floor``: the same layer with ``use_rel_pos=False`` (SDPA with no bias): the floor.
+
+Layer: 64 x 64 tokens, 12 heads, head dim 64, B = 1, random weights and std-1 tables. ``train`` is
+forward + backward of the layer (gradients into its input, weights and both tables). Time: median
+of the rounds; memory: peak extra resident memory of one call (``relpos.bench._measure``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+import sys
+
+import torch
+
+import relpos.decomposed as decomposed
+from relpos.bench import _measure
+from relpos.decomposed import decomposed_attention, decomposed_terms
+
+
+def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0):
+    from transformers import SamVisionConfig
+    from transformers.models.sam import modeling_sam
+
+    config = SamVisionConfig(use_rel_pos=use_rel_pos)  # ViT-B: hidden 768, 12 heads, 1024 px, patch 16
+    cls = modeling_sam.SamVisionSdpaAttention if attn == "sdpa" else modeling_sam.SamVisionAttention
+    torch.manual_seed(0)
+    layer = cls(config, window_size=window_size)
+    if use_rel_pos:
+        with torch.no_grad():
+            layer.rel_pos_h.normal_()
+            layer.rel_pos_w.normal_()
+    return layer
+
+
+def _relpos_layer(layer, impl: str):
+    """The accelerated layer's computation with a chosen ``impl`` (relpos.hf.sam's forward, impl fixed)."""
+
+    def run(hidden):
+        batch, height, width, _ = hidden.shape
+        heads = layer.num_attention_heads
+        qkv = layer.qkv(hidden).reshape(batch, height * width, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
+        query, key, value = qkv.unbind(0)
+        rel_h, rel_w = decomposed_terms(query, layer.rel_pos_h, layer.rel_pos_w, (height, width))
+        out = decomposed_attention(query, key, value, rel_h, rel_w, scale=layer.scale, impl=impl)  # (B, H, N, d)
+        return layer.proj(out.permute(0, 2, 1, 3).reshape(batch, height, width, -1)), None
+
+    return run
+
+
+def _layer_variants(mode: str) -> dict:
+    window = 14 if mode == "window" else 0  # SAM's windowed layers: 25 windows of 14 x 14 (64 padded to 70)
+    sdpa, eager, floor = _layer("sdpa", window_size=window), _layer("eager", window_size=window), _layer("sdpa", False, window)
+    eager.load_state_dict(sdpa.state_dict())
+    hidden = torch.randn(25, 14, 14, 768) if window else torch.randn(1, 64, 64, 768)
+    fns = {
+        "hf_sdpa": sdpa,
+        "hf_eager": eager,
+        "relpos_tiles": _relpos_layer(sdpa, "tiles"),
+        "relpos_fold": _relpos_layer(sdpa, "fold"),
+        "no_bias_floor": floor,
+    }
+    if mode in ("forward", "window"):
+
+        def forward(fn):
+            def call():
+                with torch.no_grad():
+                    fn(hidden)
+
+            return call
+
+        return {name: forward(fn) for name, fn in fns.items()}
+    leaf = hidden.clone().requires_grad_()
+
+    def train(fn, params):
+        def call():
+            for p in params:
+                p.grad = None
+            leaf.grad = None
+            fn(leaf)[0].sum().backward()
+
+        return call
+
+    params = {"hf_eager": list(eager.parameters()), "no_bias_floor": list(floor.parameters())}
+    return {name: train(fn, params.get(name, list(sdpa.parameters()))) for name, fn in fns.items()}
+
+
+def _encoder_variants() -> dict:
+    from transformers import SamVisionConfig, SamVisionModel
+
+    import relpos.hf
+
+    torch.manual_seed(0)
+    sdpa = SamVisionModel._from_config(SamVisionConfig(), attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        for name, p in sdpa.named_parameters():
+            if name.endswith(("rel_pos_h", "rel_pos_w")):
+                p.normal_()
+    ours = relpos.hf.accelerate(copy.deepcopy(sdpa))
+    floor = SamVisionModel._from_config(SamVisionConfig(use_rel_pos=False), attn_implementation="sdpa").eval()
+    pixels = torch.randn(1, 3, 1024, 1024)
+
+    def forward(model):
+        def call():
+            with torch.no_grad():
+                model(pixels)
+
+        return call
+
+    return {"hf_sdpa": forward(sdpa), "relpos": forward(ours), "no_bias_floor": forward(floor)}
+
+
+def run(variants: dict, rounds: int) -> dict:
+    samples = {name: [] for name in variants}
+    peaks = {name: [] for name in variants}
+    for fn in variants.values():  # warm-up, not timed
+        fn()
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            ms, peak = _measure(fn)
+            samples[name].append(ms)
+            peaks[name].append(peak)
+            print(f"  {name}: {ms:.0f} ms, {peak:.0f} MiB", file=sys.stderr, flush=True)
+    return {name: (statistics.median(samples[name]), max(peaks[name]), samples[name]) for name in variants}
+
+
+def markdown(mode: str, results: dict) -> str:
+    base_ms, base_mib = results["hf_sdpa"][:2]
+    lines = [f"### {mode}", "", "| variant | time (median) | peak extra memory | hf_sdpa / variant (time) | variant / hf_sdpa (memory) | rounds (ms) |", "|---|---|---|---|---|---|"]
+    for name, (ms, mib, samples) in results.items():
+        rounds = ", ".join(f"{s:.0f}" for s in samples)
+        lines.append(f"| {name} | {ms:.0f} ms | {mib:.0f} MiB | {base_ms / ms:.2f}x | {mib / base_mib:.2f}x | {rounds} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("forward", "train", "window", "encoder"), default="forward")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--forward-rows", type=int, default=None, help="override the tiles' forward block (query rows)")
+    args = parser.parse_args(argv)
+    if args.forward_rows:
+        decomposed._FORWARD_ROWS = args.forward_rows
+    variants = _encoder_variants() if args.mode == "encoder" else _layer_variants(args.mode)
+    print(f"machine: {platform.platform()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(markdown(args.mode, run(variants, args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
