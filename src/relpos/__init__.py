@@ -20,12 +20,14 @@ from .buckets import (
 )
 from .clipped import ClippedRelativeBias
 from .cope import CoPE
+from .decomposed import DecomposedRelPos, decomposed_attention
 from .fire import FIREBias
 from .forgetting import ForgettingGate, gated_attention
 from .kerple import KerpleBias
 from .log_decay import LogDecayBias
 from .mha import KVCache, MultiheadAttention
 from .rotary import RotaryEmbedding
+from .rotary2d import AxialRotary2D, DINOv3Rotary2D, MixedRotary2D
 from .sandwich import SandwichBias
 from .shaw import ShawRelativePosition
 from .t5 import RelativePositionalBias
@@ -47,6 +49,11 @@ __all__ = [
     "__version__",
     "STRATEGIES",
     "ALiBi",
+    "AxialRotary2D",
+    "DINOv3Rotary2D",
+    "DecomposedRelPos",
+    "MixedRotary2D",
+    "decomposed_attention",
     "AdditiveBias",
     "BackendChoice",
     "BucketRange",

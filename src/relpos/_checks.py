@@ -111,6 +111,9 @@ def check_real(name: str, value: Any, *, rule: str = "") -> float:
     value = float(value)
     if value != value:
         raise ValueError(f"{name} must be a number, got NaN" + (f"; {rule}" if rule else ""))
+    return value
+
+
 def check_per_head(name: str, value: Any, num_heads: int, *, maximum: float | None = None) -> list[float]:
     """One finite number > 0 (and <= ``maximum``) per head: a number (shared) or a sequence of ``num_heads``."""
     values = [value] * num_heads if isinstance(value, numbers.Real) and not isinstance(value, bool) else value

@@ -37,12 +37,12 @@ __all__ = ["AxialRotary2D", "DINOv3Rotary2D", "MixedRotary2D", "Layout", "apply_
 Layout = Literal["interleaved", "half"]
 
 
-def _grid(value: int | Sequence[int]) -> tuple[int, int]:
+def _grid(value: int | Sequence[int], name: str = "grid") -> tuple[int, int]:
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) != 2:
-            raise ValueError(f"grid must be (height, width), got {value!r}")
-        return check_int("grid[0]", value[0], minimum=1), check_int("grid[1]", value[1], minimum=1)
-    size = check_int("grid", value, minimum=1)
+            raise ValueError(f"{name} must be (height, width), got {value!r}")
+        return check_int(f"{name}[0]", value[0], minimum=1), check_int(f"{name}[1]", value[1], minimum=1)
+    size = check_int(name, value, minimum=1)
     return size, size
 
 
@@ -129,7 +129,7 @@ class AxialRotary2D(_Rotary2D):
         super().__init__()
         self.head_dim = _check_head_dim(head_dim)
         self.temperature = check_positive_float("temperature", temperature)
-        self.ref_grid = None if ref_grid is None else _grid(ref_grid)
+        self.ref_grid = None if ref_grid is None else _grid(ref_grid, "ref_grid")
         self.register_buffer("bands", torch.empty(head_dim // 4, device=device, dtype=dtype or torch.float32), persistent=False)
         self._init_buffers()
 
