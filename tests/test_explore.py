@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import relpos
+from relpos.patch_scores import patch_scores
 from relpos import plots
 from relpos.explore import serve
 
@@ -338,6 +339,10 @@ def test_image_endpoint_is_relpos(base_url):
     assert status == 200 and all(0.0 <= v <= 16.0 for row in data["matrix"] for v in row if v is not None)
     status, data = get(base_url + "/api/image?kind=factorized&grid=4&window=0")  # global: one window
     assert status == 200 and all(v is not None for row in data["matrix"] for v in row)
+    for kind in ("decomposed", "rope2d_axial", "rope2d_mixed", "rope2d_dinov3"):  # global attention's 2D terms
+        status, data = get(base_url + f"/api/image?kind={kind}&grid=6&window=0&seed=2")
+        assert status == 200 and kind in data["kinds"]
+        assert torch.allclose(torch.tensor(data["matrix"], dtype=torch.float64), patch_scores(kind, 6, 6, seed=2).double(), atol=1e-5)
 
 
 def test_image_worked_example_numbers(base_url):
@@ -387,7 +392,7 @@ def test_image_view_in_a_real_browser(base_url):
         assert page.is_visible("#image-view") and page.is_hidden("#buckets-view")
         page.wait_for_selector("#image-grid-svg rect.patch", state="attached")
         kinds = page.eval_on_selector_all("#image-kind option", "os => os.map(o => o.value)")
-        assert kinds == ["table", "factorized", "continuous"]
+        assert kinds == ["table", "factorized", "continuous", "decomposed", "rope2d_axial", "rope2d_mixed", "rope2d_dinov3"]
         _, data = get(base_url + "/api/image?kind=table&grid=8&window=4&shift=0&seed=0")
         page.click("#image-grid-svg rect[data-q='9']")  # query patch (1, 1)
         shown = page.eval_on_selector_all("#image-grid-svg text.cell-value", "ts => ts.map(t => t.textContent)")

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .patch_scores import patch_scores
 from .window_attention import SWIN_MASK_VALUE, shift_mask
 from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
 from .windows import table_size
@@ -48,8 +49,15 @@ IMAGE_KINDS: dict[str, Callable[[int, int, int, dict], torch.Tensor]] = {
     "table": _table,  # Swin V1: a learned (2Wh - 1)(2Ww - 1) table
     "factorized": _factorized,  # a row-offset table plus a column-offset table
     "continuous": _continuous,  # Swin V2: an MLP over log-spaced offsets, 16 * sigmoid
+    # global attention's 2D terms (window 0 on the page): one fixed query/key, the position term alone
+    "decomposed": lambda h, w, seed, options: patch_scores("decomposed", h, w, seed),  # SAM / ViTDet rel_h + rel_w
+    "rope2d_axial": lambda h, w, seed, options: patch_scores("rope2d_axial", h, w, seed),  # EVA-02
+    "rope2d_mixed": lambda h, w, seed, options: patch_scores("rope2d_mixed", h, w, seed),  # RoPE-Mixed
+    "rope2d_dinov3": lambda h, w, seed, options: patch_scores("rope2d_dinov3", h, w, seed),  # DINOv3
 }
-TITLES = {"table": "Swin V1 table", "factorized": "factorized (rows + columns)", "continuous": "Swin V2 continuous (MLP)"}
+TITLES = {"table": "Swin V1 table", "factorized": "factorized (rows + columns)", "continuous": "Swin V2 continuous (MLP)",
+          "decomposed": "decomposed rel_h + rel_w (SAM, ViTDet)", "rope2d_axial": "2D RoPE, axial (EVA-02): q.k",
+          "rope2d_mixed": "2D RoPE, mixed (RoPE-Mixed): q.k", "rope2d_dinov3": "2D RoPE (DINOv3): q.k"}
 
 
 def _window_ids(size: int, window: int, shift: int) -> torch.Tensor:
@@ -108,6 +116,10 @@ def _parameter_count(kind: str, window: int) -> str:
         return f"{2 * (2 * window - 1)} values per head (2 (2W-1))"
     if kind == "continuous":
         return "an MLP 2 -> 64 -> heads (512 wide in Swin V2), evaluated at every offset"
+    if kind == "decomposed":
+        return "2 (2W-1) vectors of head_dim per table pair (rel_pos_h, rel_pos_w), read through the query"
+    if kind.startswith("rope2d"):
+        return "no bias table: q and k rotated by row and column angles (learned per head for RoPE-Mixed)"
     return ""
 
 
