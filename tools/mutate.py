@@ -60,7 +60,8 @@ class Mutant:
 
 
 MUTANTS: list[Mutant] = [
-    Mutant("buckets-exact-off-by-one", "buckets.py", "torch.where(distance < max_exact, distance, far)", "torch.where(distance <= max_exact, distance, far)", "t5_bucket: distance max_exact takes an exact bucket (off by one)", "buckets"),
+    Mutant("buckets-sign-off-by-one", "buckets.py", "sign_offset = (relative_position > 0).long() * half", "sign_offset = (relative_position >= 0).long() * half", "t5_bucket: offset 0 counted as a future key (off by one)", "buckets"),
+    Mutant("buckets-last-bucket-off-by-one", "buckets.py", "far = _far_buckets(distance, max_exact, half, max_distance, strategy).clamp(max=half - 1)", "far = _far_buckets(distance, max_exact, half, max_distance, strategy).clamp(max=half)", "t5_bucket: far distances spill one bucket past their half (off by one)", "buckets"),
     Mutant("buckets-round-not-floor", "buckets.py", "return max_exact + scaled.to(torch.long)", "return max_exact + scaled.round().to(torch.long)", "t5_bucket: the log bucket rounded instead of floored", "buckets"),
     Mutant("bias-dense-flip", "bias.py", "return self.hankel().flip(-2)  # (1, H, Lq, Lk)", "return self.hankel().flip(-1)  # (1, H, Lq, Lk)", "OffsetBias.dense flips the keys instead of the queries (offsets mirrored)", "bias"),
     Mutant("bias-row-index", "bias.py", "start = self.query_length - 1 - i", "start = i", "OffsetBias.row reads row i of the Hankel view, not of the bias", "bias"),
