@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -177,6 +178,9 @@ def table(results: list[dict], command: str) -> str:
         "each row names the test files run against the mutant and the first test that failed.",
         "",
         f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs), Python {platform.python_version()};",
+        "the seconds include waiting for the CPU.",
         "",
         f"**{caught} of {len(results)} mutants caught.**",
         "",
