@@ -73,7 +73,7 @@ MUTANTS: list[Mutant] = [
     Mutant("dropout-seed-no-example", "_dropout.py", "gen.manual_seed(hash((seed, b, g)) & (2**63 - 1))", "gen.manual_seed(hash((seed, g)) & (2**63 - 1))", "the keep-mask seed without the example index: every example shares one mask", "dropout"),
     Mutant("dropout-seed-no-group", "_dropout.py", "gen.manual_seed(hash((seed, b, g)) & (2**63 - 1))", "gen.manual_seed(hash((seed, b)) & (2**63 - 1))", "the keep-mask seed without the row group: every 64 rows repeat", "dropout"),
     Mutant("dropout-fused-no-rescale", "_fused.py", "return keep.flip(1).to(dtype) / (1.0 - effective_p(p))", "return keep.flip(1).to(dtype)", "fused dropout: kept weights not scaled by 1/(1-p)", "dropout"),
-    Mutant("dropout-eager-no-rescale", "attention.py", "weights = weights * keep / (1.0 - effective_p(call.dropout_p))", "weights = weights * keep", "eager dropout: kept weights not scaled by 1/(1-p)", "dropout"),
+    Mutant("dropout-eager-no-rescale", "_dropout.py", "return weights * keep / (1.0 - effective_p(p))", "return weights * keep", "eager and Shaw dropout: kept weights not scaled by 1/(1-p)", "dropout"),
     Mutant("fused-backward-no-delta", "_fused.py", "ds = dp.sub_(delta[:, a:c]).mul_(p)", "ds = dp.mul_(p)", "fused backward: dS misses the rowsum(dO * O) term", "fused"),
     Mutant("fused-backward-shared-head0", "_fused.py", "per_head = ds.sum(0, keepdim=True) if shared else ds", "per_head = ds[:1] if shared else ds", "fused backward: a bias shared by all heads gets head 0's gradient only", "fused"),
     Mutant("fused-backward-dropout-dv", "_fused.py", "dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)", "dvb.baddbmm_(p.transpose(1, 2), gb)", "fused backward with dropout: dv ignores the dropout mask", "fused"),
