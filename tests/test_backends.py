@@ -17,6 +17,7 @@ def make_bias(name, heads=4, causal=False):
         "clipped": lambda: ClippedRelativeBias(heads, 3),
         "alibi": lambda: ALiBi(heads, mode="causal" if causal else "symmetric"),
         "log_decay": lambda: LogDecayBias(0.5),  # one bias shared by all heads
+        "t5_shared": lambda: RelativePositionalBias(1, num_buckets=8, max_distance=10, bidirectional=not causal),  # learned, one head for all
     }[name]()
     for p in bias.parameters():
         torch.nn.init.normal_(p)
@@ -33,7 +34,7 @@ def run(backend, bias_name, lq, lk, causal, q_offset, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("backend", ["fused", "sdpa"])
-@pytest.mark.parametrize("bias_name", ["t5", "clipped", "alibi", "log_decay"])
+@pytest.mark.parametrize("bias_name", ["t5", "clipped", "alibi", "log_decay", "t5_shared"])
 @pytest.mark.parametrize("lq, lk, causal, q_offset", CASES)
 def test_backend_equals_eager_with_gradients(backend, bias_name, lq, lk, causal, q_offset):
     out_e, grads_e = run("eager", bias_name, lq, lk, causal, q_offset)

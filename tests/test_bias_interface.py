@@ -24,9 +24,14 @@ def test_subclass_gets_offsets_dense_and_attention():
     rel = relpos.relative_positions(3, 4, q_offset=1)
     assert torch.allclose(dense[0], -torch.tensor([0.5, 0.25])[:, None, None] * rel.abs())
     assert bias.offsets(3, 4, q_offset=1).values.shape == (2, 6)
+    from oracles import assert_bias_matters, attend, offsets
+
     q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
-    eager = relpos.attention(q, k, v, bias=bias, backend="eager")
-    assert torch.allclose(relpos.attention(q, k, v, bias=bias, backend="sdpa"), eager, atol=1e-6)
+    formula = -torch.tensor([0.5, 0.25], dtype=torch.float64)[:, None, None] * offsets(5, 5).abs()  # (H, L, L)
+    expected = attend(q, k, v, formula)
+    assert_bias_matters(expected, attend(q, k, v), 1e-5)
+    for backend in ("eager", "sdpa"):
+        assert torch.allclose(relpos.attention(q, k, v, bias=bias, backend=backend).double(), expected, atol=1e-5)
 
 
 def test_base_classes_refuse_what_they_cannot_do():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -60,7 +61,8 @@ class Mutant:
 
 
 MUTANTS: list[Mutant] = [
-    Mutant("buckets-exact-off-by-one", "buckets.py", "torch.where(distance < max_exact, distance, far)", "torch.where(distance <= max_exact, distance, far)", "t5_bucket: distance max_exact takes an exact bucket (off by one)", "buckets"),
+    Mutant("buckets-sign-off-by-one", "buckets.py", "sign_offset = (relative_position > 0).long() * half", "sign_offset = (relative_position >= 0).long() * half", "t5_bucket: offset 0 counted as a future key (off by one)", "buckets"),
+    Mutant("buckets-last-bucket-off-by-one", "buckets.py", "far = _far_buckets(distance, max_exact, half, max_distance, strategy).clamp(max=half - 1)", "far = _far_buckets(distance, max_exact, half, max_distance, strategy).clamp(max=half)", "t5_bucket: far distances spill one bucket past their half (off by one)", "buckets"),
     Mutant("buckets-round-not-floor", "buckets.py", "return max_exact + scaled.to(torch.long)", "return max_exact + scaled.round().to(torch.long)", "t5_bucket: the log bucket rounded instead of floored", "buckets"),
     Mutant("bias-dense-flip", "bias.py", "return self.hankel().flip(-2)  # (1, H, Lq, Lk)", "return self.hankel().flip(-1)  # (1, H, Lq, Lk)", "OffsetBias.dense flips the keys instead of the queries (offsets mirrored)", "bias"),
     Mutant("bias-row-index", "bias.py", "start = self.query_length - 1 - i", "start = i", "OffsetBias.row reads row i of the Hankel view, not of the bias", "bias"),
@@ -71,7 +73,7 @@ MUTANTS: list[Mutant] = [
     Mutant("dropout-seed-no-example", "_dropout.py", "gen.manual_seed(hash((seed, b, g)) & (2**63 - 1))", "gen.manual_seed(hash((seed, g)) & (2**63 - 1))", "the keep-mask seed without the example index: every example shares one mask", "dropout"),
     Mutant("dropout-seed-no-group", "_dropout.py", "gen.manual_seed(hash((seed, b, g)) & (2**63 - 1))", "gen.manual_seed(hash((seed, b)) & (2**63 - 1))", "the keep-mask seed without the row group: every 64 rows repeat", "dropout"),
     Mutant("dropout-fused-no-rescale", "_fused.py", "return keep.flip(1).to(dtype) / (1.0 - effective_p(p))", "return keep.flip(1).to(dtype)", "fused dropout: kept weights not scaled by 1/(1-p)", "dropout"),
-    Mutant("dropout-eager-no-rescale", "attention.py", "weights = weights * keep / (1.0 - effective_p(call.dropout_p))", "weights = weights * keep", "eager dropout: kept weights not scaled by 1/(1-p)", "dropout"),
+    Mutant("dropout-eager-no-rescale", "_dropout.py", "return weights * keep / (1.0 - effective_p(p))", "return weights * keep", "eager and Shaw dropout: kept weights not scaled by 1/(1-p)", "dropout"),
     Mutant("fused-backward-no-delta", "_fused.py", "ds = dp.sub_(delta[:, a:c]).mul_(p)", "ds = dp.mul_(p)", "fused backward: dS misses the rowsum(dO * O) term", "fused"),
     Mutant("fused-backward-shared-head0", "_fused.py", "per_head = ds.sum(0, keepdim=True) if shared else ds", "per_head = ds[:1] if shared else ds", "fused backward: a bias shared by all heads gets head 0's gradient only", "fused"),
     Mutant("fused-backward-dropout-dv", "_fused.py", "dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)", "dvb.baddbmm_(p.transpose(1, 2), gb)", "fused backward with dropout: dv ignores the dropout mask", "fused"),
@@ -176,6 +178,9 @@ def table(results: list[dict], command: str) -> str:
         "each row names the test files run against the mutant and the first test that failed.",
         "",
         f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs), Python {platform.python_version()};",
+        "the seconds include waiting for the CPU.",
         "",
         f"**{caught} of {len(results)} mutants caught.**",
         "",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ROWS", "draw_seed", "effective_p", "keep_rows", "keep_dense"]
+__all__ = ["ROWS", "drop_weights", "draw_seed", "effective_p", "keep_rows", "keep_dense"]
 
 ROWS = 64  # query rows per generator
 
@@ -54,3 +54,9 @@ def keep_rows(
 def keep_dense(seed: int, batch: int, heads: int, query_length: int, key_length: int, p: float, device=None):
     """(B, H, Lq, Lk) keep-mask: the whole of what :func:`keep_rows` draws."""
     return torch.stack([keep_rows(seed, b, 0, query_length, heads, key_length, p, device) for b in range(batch)])
+
+
+def drop_weights(weights: torch.Tensor, p: float) -> torch.Tensor:
+    """Attention weights (B, H, Lq, Lk) with dropout: one seed drawn, kept weights scaled by ``1 / (1 - effective_p(p))``."""
+    keep = keep_dense(draw_seed(), *weights.shape, p, device=weights.device)  # (B, H, Lq, Lk)
+    return weights * keep / (1.0 - effective_p(p))

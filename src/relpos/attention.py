@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
-from ._dropout import draw_seed, effective_p, keep_dense
+from ._dropout import draw_seed, drop_weights
 from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
@@ -456,8 +456,7 @@ def _eager(call: _Call) -> torch.Tensor:
         scores = scores + mask
     weights = masked_softmax(scores)  # (B, H, Lq, Lk)
     if call.dropout_p:
-        keep = keep_dense(draw_seed(), *weights.shape, call.dropout_p, device=weights.device)  # (B, H, Lq, Lk)
-        weights = weights * keep / (1.0 - effective_p(call.dropout_p))
+        weights = drop_weights(weights, call.dropout_p)  # (B, H, Lq, Lk)
     return (weights @ v).to(call.query.dtype)  # (B, H, Lq, dv)
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ._checks import check_bool, check_device, check_int, check_positive_float, check_probability, check_scale, check_tensor
-from ._dropout import draw_seed, effective_p, keep_dense
+from ._dropout import drop_weights
 from ._fused import accumulate_dtype
 from ._masks import check_attn_mask
 from .attention import _dense_mask, masked_softmax
@@ -123,8 +123,7 @@ class ShawRelativePosition(nn.Module):
             scores = scores + mask
         weights = masked_softmax(scores)  # (B, H, Lq, Lk)
         if dropout_p:
-            keep = keep_dense(draw_seed(), *weights.shape, dropout_p, device=weights.device)  # (B, H, Lq, Lk)
-            weights = weights * keep / (1.0 - effective_p(dropout_p))
+            weights = drop_weights(weights, dropout_p)  # (B, H, Lq, Lk): the same masks as relpos.attention
         out = weights @ v  # (B, H, Lq, d)
         if self.rel_values is not None:
             out = out + self.output(weights, q_offset=q_offset)
