@@ -68,6 +68,7 @@ def test_encoder_model_and_layout_bias_matters():
 def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
     reference, accelerated = pair()
     inputs = padded()
+    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 2, "dense": 2, "none": 2}  # decoder per offset; the encoder's layout bias dense (stated); cross-attention none
     hf_checks.switch_implementations(reference, accelerated, inputs)
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
     hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs)
