@@ -167,3 +167,32 @@ def config_output_attentions(model_class, config, inputs, names=("encoder_attent
         assert x is not None and y is not None and len(x) == len(y) > 0, name
         for wx, wy in zip(x, y):
             assert wy is not None and torch.allclose(wx, wy, atol=1e-5), name
+
+
+def bias_forms(accelerated, inputs) -> dict[str, int]:
+    """How many attention calls of one forward got a per-offset bias, a dense tensor, or none (cross-attention);
+    transformers' dense compute_bias is never called."""
+    import pytest
+
+    import relpos.hf._attention as shared
+    from relpos import OffsetBias
+
+    forms = {"offsets": 0, "dense": 0, "none": 0}
+    real = shared.attention
+
+    def spy(query, key, value, **kwargs):
+        bias = kwargs["bias"]
+        forms["offsets" if isinstance(bias, OffsetBias) else "dense" if isinstance(bias, torch.Tensor) else "none"] += 1
+        return real(query, key, value, **kwargs)
+
+    def dense(*args, **kwargs):
+        raise AssertionError("transformers' dense compute_bias was called")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared, "attention", spy)
+        for module in accelerated.modules():
+            if "compute_bias" in vars(module):
+                patch.setattr(type(module), "compute_bias", dense)
+        with torch.no_grad():
+            accelerated(**inputs)
+    return forms

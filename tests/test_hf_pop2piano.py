@@ -48,6 +48,7 @@ def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
     reference, accelerated = pair()
     inputs = padded()
     assert rh.find_family(reference)[0].name == "pop2piano"
+    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 4, "dense": 0, "none": 2}  # encoder and decoder self-attention per offset; cross-attention has no bias
     hf_checks.switch_implementations(reference, accelerated, inputs)
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
     hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs)

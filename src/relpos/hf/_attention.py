@@ -76,7 +76,8 @@ def _key_mask(mask: torch.Tensor, key_length: int) -> torch.Tensor | None:
 
 def _is_cross_attention(module: nn.Module) -> bool:
     """A decoder's attention over the encoder (never causal, never owns a bias table)."""
-    return bool(getattr(module.config, "is_decoder", False)) and not module.is_causal and not OWNS_BIAS(module)
+    config = getattr(module, "config", None)
+    return bool(getattr(config, "is_decoder", False)) and not getattr(module, "is_causal", False) and not OWNS_BIAS(module)
 
 
 def OWNS_BIAS(module: nn.Module) -> bool:  # noqa: N802 - reads like the attribute it wraps
@@ -96,7 +97,7 @@ def _bias(module: nn.Module, position_bias):
 def _wants_weights(module: nn.Module, kwargs: dict) -> bool:
     """``output_attentions`` per call, else the model's config (as transformers' output capture decides)."""
     per_call = kwargs.get("output_attentions")
-    return bool(getattr(module.config, "output_attentions", False) if per_call is None else per_call)
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False) if per_call is None else per_call)
 
 
 def _check_checkpointed_gradient(bias) -> None:
