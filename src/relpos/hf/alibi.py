@@ -30,6 +30,8 @@ Equalities this rests on (tested in tests/test_hf_alibi.py against the unmodifie
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Callable
 
 import torch
@@ -38,7 +40,10 @@ from torch import nn
 from ..alibi import ALiBi
 from ..attention import attention
 
-__all__ = ["MASK_NAME", "alibi_attention", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel"]
+__all__ = [
+    "MASK_NAME", "alibi_attention", "check_fits", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel",
+    "refuse_static_cache",
+]
 
 MASK_NAME = "relpos_alibi"
 
@@ -92,9 +97,6 @@ def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Ca
 def check_fits(module: nn.Module, family: str, *, parameters: list[str], attributes: tuple[str, ...],
                children: set[str], helpers: tuple[str, ...] = ()) -> None:
     """The installed transformers' attention module has what the instance forward relies on (else RuntimeError)."""
-    import inspect
-    import sys
-
     import transformers
 
     got = list(inspect.signature(type(module).forward).parameters)
@@ -222,6 +224,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None:
+    if dead is not None and bool(dead.any()):
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None
