@@ -140,14 +140,25 @@ def _decoder(config_name: str, base_name: str, lm_name: str, fields: Callable):
 
 
 def _pix2struct(mode: str, config: ModelBenchConfig):
+    """Pix2Struct's text decoder (its relative bias; the vision encoder has none), built inside the full model."""
     import transformers
 
-    text = transformers.Pix2StructTextConfig(
+    text = dict(
         vocab_size=VOCAB, hidden_size=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
         d_ff=2 * config.d_model, num_layers=1 if mode == "layer" else config.layers, dropout_rate=0.1,
         pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
     )
-    return transformers.Pix2StructTextModel(text)
+    vision = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, d_ff=64, d_kv=16)
+    full = transformers.Pix2StructForConditionalGeneration(transformers.Pix2StructConfig(text_config=text, vision_config=vision))
+    return full.decoder  # a Pix2StructTextModel
+
+
+def _pop2piano(mode: str, config: ModelBenchConfig):
+    """Pop2Piano's encoder (T5 attention with a relative bias); its generate needs audio features."""
+    import transformers
+
+    return _seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration", "Pop2PianoForConditionalGeneration")(
+        mode, config).get_encoder()
 
 
 def _udop_boxes(batch: int, length: int) -> dict:
@@ -169,8 +180,7 @@ BUILDERS: dict[str, Builder] = {
     "switch_transformers": Builder(_seq2seq("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
                                             "SwitchTransformersForConditionalGeneration", num_experts=4,
                                             expert_capacity=4096), sdpa=False),
-    "pop2piano": Builder(_seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration",
-                                  "Pop2PianoForConditionalGeneration"), generate=False),
+    "pop2piano": Builder(_pop2piano, generate=False),
     "pix2struct": Builder(_pix2struct, decoder_only=True, generate=False),
     "udop": Builder(_seq2seq("UdopConfig", "UdopEncoderModel", "UdopForConditionalGeneration"), extra=_udop_boxes),
     "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False),
@@ -258,8 +268,9 @@ def _fits(variant: str, mode: str, batch: int, length: int, config: ModelBenchCo
 
 def _refusal(config: ModelBenchConfig) -> str | None:
     """Why ``accelerate`` refuses this family here (its adapter is not installed), or None."""
+    model = BUILDERS[config.family].build("layer", ModelBenchConfig(d_model=32, heads=2, layers=1))
     try:
-        accelerate(BUILDERS[config.family].build("layer", ModelBenchConfig(d_model=32, heads=2, layers=1)))
+        accelerate(model)
     except (TypeError, ValueError, RuntimeError, ImportError) as exc:
         return str(exc)
     return None
