@@ -11,7 +11,8 @@ with random weights). Variants (the same weights in each):
   the same function: the floor any bias implementation is measured against).
 
 Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad``), ``train``
-(forward + backward of the summed output, ``model.train()`` with dropout 0.1), ``generate``
+(forward + backward of the summed output, ``model.train()`` with the family's default dropout:
+0.1 for the T5 families, 0 for Bloom, MPT and Falcon, as their checkpoints), ``generate``
 (greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
@@ -171,12 +172,12 @@ def _udop_boxes(batch: int, length: int) -> dict:
 BUILDERS: dict[str, Builder] = {
     "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration")),
     "bloom": Builder(_decoder("BloomConfig", "BloomModel", "BloomForCausalLM", lambda d, h, n: dict(
-        hidden_size=d, n_head=h, n_layer=n, hidden_dropout=0.1, attention_dropout=0.1)), decoder_only=True, sdpa=False, alibi=True),
+        hidden_size=d, n_head=h, n_layer=n)), decoder_only=True, sdpa=False, alibi=True),
     "mpt": Builder(_decoder("MptConfig", "MptModel", "MptForCausalLM", lambda d, h, n: dict(
         d_model=d, n_heads=h, n_layers=n, max_seq_len=8192)), decoder_only=True, sdpa=False, alibi=True),
     "falcon": Builder(_decoder("FalconConfig", "FalconModel", "FalconForCausalLM", lambda d, h, n: dict(
-        hidden_size=d, num_attention_heads=h, num_hidden_layers=n, alibi=True, hidden_dropout=0.1,
-        attention_dropout=0.1)), decoder_only=True, alibi=True),
+        hidden_size=d, num_attention_heads=h, num_hidden_layers=n, alibi=True, multi_query=False, parallel_attn=False,
+        bias=True)), decoder_only=True, alibi=True),  # as Falcon-RW, the ALiBi Falcons
     "switch_transformers": Builder(_seq2seq("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
                                             "SwitchTransformersForConditionalGeneration", num_experts=4,
                                             expert_capacity=4096), sdpa=False),
