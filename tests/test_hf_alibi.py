@@ -428,3 +428,17 @@ def test_model_benchmark_skips_a_family_accelerate_refuses(tmp_path, monkeypatch
     report = bench.run_model_bench(bench.ModelBenchConfig(lengths=(16,), batches=(1,), modes=("forward",), rounds=1))
     assert report["results"] == [] and "model_type='gpt2'" in report["refused"]
     assert bench.markdown(report).startswith("t5: skipped, relpos.hf.accelerate refuses it here")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_sharing_the_config_object_keeps_transformers_attention(family):
+    """Models built from one config object share it: accelerating one must not switch the other's masks."""
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    other = HEADS[family][1](config).eval()
+    accelerated = rh.accelerate(HEADS[family][1](config).eval())
+    accelerated.load_state_dict(other.state_dict())
+    assert other.config is config and config._attn_implementation != hf_alibi.MASK_NAME
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, other(input_ids=ids, attention_mask=mask).logits)

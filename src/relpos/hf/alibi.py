@@ -14,7 +14,8 @@ class) and switches the model's masks to 2-D key padding masks ``(B, Lk)``:
    into one extra query/key channel (:func:`per_key_channel`). Neither builds ``(B, H, Lq, Lk)``.
 
 :func:`patch_instances` returns the undo: the instance forwards deleted (the class's show through)
-and every config's attention implementation set back. Parameters, buffers and the state dict are
+and every config's attention implementation set back. The model gets its own copy of its config
+first: models built from one config object share it, and the others must keep transformers' masks. Parameters, buffers and the state dict are
 untouched.
 
 Equalities this rests on (tested in tests/test_hf_alibi.py against the unmodified models):
@@ -30,6 +31,9 @@ Equalities this rests on (tested in tests/test_hf_alibi.py against the unmodifie
 
 from __future__ import annotations
 
+import copy
+import inspect
+import sys
 from typing import Callable
 
 import torch
@@ -38,7 +42,10 @@ from torch import nn
 from ..alibi import ALiBi
 from ..attention import attention
 
-__all__ = ["MASK_NAME", "alibi_attention", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel"]
+__all__ = [
+    "MASK_NAME", "alibi_attention", "check_fits", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel",
+    "refuse_static_cache",
+]
 
 MASK_NAME = "relpos_alibi"
 
@@ -60,20 +67,26 @@ def _register_masks() -> None:
     AttentionMaskInterface.register(MASK_NAME, key_padding_mask)
 
 
-def _configs(model: nn.Module) -> list:
-    """Every distinct config object of the model and its sub-models."""
-    seen: dict[int, object] = {}
+def _own_configs(model: nn.Module) -> list:
+    """Give the model its own copy of each config object it holds; return the copies.
+
+    Models built from one config object share it; switching the masks on a shared config would
+    switch them in an unaccelerated model too (which would then get 2-D masks it cannot read).
+    """
+    copies: dict[int, object] = {}
     for module in model.modules():
-        config = getattr(module, "config", None)
+        config = vars(module).get("config")
         if config is not None and hasattr(config, "_attn_implementation"):
-            seen.setdefault(id(config), config)
-    return list(seen.values())
+            if id(config) not in copies:
+                copies[id(config)] = copy.deepcopy(config)
+            module.config = copies[id(config)]
+    return list(copies.values())
 
 
 def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Callable[[], None]:
     """Give each module its forward (an instance attribute) and the model 2-D padding masks; return the undo."""
     _register_masks()
-    configs = _configs(model)
+    configs = _own_configs(model)
     previous = [config._attn_implementation for config in configs]
     for module, forward in forwards.items():
         module.forward = forward  # instance attribute: this model only, the class is untouched
@@ -84,7 +97,7 @@ def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Ca
         for module in forwards:
             del module.forward  # the class's forward shows through again
         for config, name in zip(configs, previous):
-            config._attn_implementation = name
+            config._attn_implementation = name  # the model keeps its own copy of the config
 
     return undo
 
@@ -92,9 +105,6 @@ def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Ca
 def check_fits(module: nn.Module, family: str, *, parameters: list[str], attributes: tuple[str, ...],
                children: set[str], helpers: tuple[str, ...] = ()) -> None:
     """The installed transformers' attention module has what the instance forward relies on (else RuntimeError)."""
-    import inspect
-    import sys
-
     import transformers
 
     got = list(inspect.signature(type(module).forward).parameters)
@@ -222,6 +232,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None:
+    if dead is not None and bool(dead.any()):
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None

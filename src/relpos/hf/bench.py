@@ -11,7 +11,8 @@ with random weights). Variants (the same weights in each):
   the same function: the floor any bias implementation is measured against).
 
 Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad``), ``train``
-(forward + backward of the summed output, ``model.train()`` with dropout 0.1), ``generate``
+(forward + backward of the summed output, ``model.train()`` with the family's default dropout:
+0.1 for the T5 families, 0 for Bloom, MPT and Falcon, as their checkpoints), ``generate``
 (greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
@@ -140,14 +141,25 @@ def _decoder(config_name: str, base_name: str, lm_name: str, fields: Callable):
 
 
 def _pix2struct(mode: str, config: ModelBenchConfig):
+    """Pix2Struct's text decoder (its relative bias; the vision encoder has none), built inside the full model."""
     import transformers
 
-    text = transformers.Pix2StructTextConfig(
+    text = dict(
         vocab_size=VOCAB, hidden_size=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
         d_ff=2 * config.d_model, num_layers=1 if mode == "layer" else config.layers, dropout_rate=0.1,
         pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
     )
-    return transformers.Pix2StructTextModel(text)
+    vision = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, d_ff=64, d_kv=16)
+    full = transformers.Pix2StructForConditionalGeneration(transformers.Pix2StructConfig(text_config=text, vision_config=vision))
+    return full.decoder  # a Pix2StructTextModel
+
+
+def _pop2piano(mode: str, config: ModelBenchConfig):
+    """Pop2Piano's encoder (T5 attention with a relative bias); its generate needs audio features."""
+    import transformers
+
+    return _seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration", "Pop2PianoForConditionalGeneration")(
+        mode, config).get_encoder()
 
 
 def _udop_boxes(batch: int, length: int) -> dict:
@@ -160,17 +172,16 @@ def _udop_boxes(batch: int, length: int) -> dict:
 BUILDERS: dict[str, Builder] = {
     "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration")),
     "bloom": Builder(_decoder("BloomConfig", "BloomModel", "BloomForCausalLM", lambda d, h, n: dict(
-        hidden_size=d, n_head=h, n_layer=n, hidden_dropout=0.1, attention_dropout=0.1)), decoder_only=True, sdpa=False, alibi=True),
+        hidden_size=d, n_head=h, n_layer=n)), decoder_only=True, sdpa=False, alibi=True),
     "mpt": Builder(_decoder("MptConfig", "MptModel", "MptForCausalLM", lambda d, h, n: dict(
         d_model=d, n_heads=h, n_layers=n, max_seq_len=8192)), decoder_only=True, sdpa=False, alibi=True),
     "falcon": Builder(_decoder("FalconConfig", "FalconModel", "FalconForCausalLM", lambda d, h, n: dict(
-        hidden_size=d, num_attention_heads=h, num_hidden_layers=n, alibi=True, hidden_dropout=0.1,
-        attention_dropout=0.1)), decoder_only=True, alibi=True),
+        hidden_size=d, num_attention_heads=h, num_hidden_layers=n, alibi=True, multi_query=False, parallel_attn=False,
+        bias=True)), decoder_only=True, alibi=True),  # as Falcon-RW, the ALiBi Falcons
     "switch_transformers": Builder(_seq2seq("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
                                             "SwitchTransformersForConditionalGeneration", num_experts=4,
                                             expert_capacity=4096), sdpa=False),
-    "pop2piano": Builder(_seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration",
-                                  "Pop2PianoForConditionalGeneration"), generate=False),
+    "pop2piano": Builder(_pop2piano, generate=False),
     "pix2struct": Builder(_pix2struct, decoder_only=True, generate=False),
     "udop": Builder(_seq2seq("UdopConfig", "UdopEncoderModel", "UdopForConditionalGeneration"), extra=_udop_boxes),
     "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False),
@@ -258,8 +269,9 @@ def _fits(variant: str, mode: str, batch: int, length: int, config: ModelBenchCo
 
 def _refusal(config: ModelBenchConfig) -> str | None:
     """Why ``accelerate`` refuses this family here (its adapter is not installed), or None."""
+    model = BUILDERS[config.family].build("layer", ModelBenchConfig(d_model=32, heads=2, layers=1))
     try:
-        accelerate(BUILDERS[config.family].build("layer", ModelBenchConfig(d_model=32, heads=2, layers=1)))
+        accelerate(model)
     except (TypeError, ValueError, RuntimeError, ImportError) as exc:
         return str(exc)
     return None
