@@ -100,9 +100,8 @@ def _compare(ref_fn, our_fn, params_ref, params_ours, x):
     return ref
 
 
-@pytest.mark.parametrize("window,resolution", CASES)
-@pytest.mark.parametrize("shifted", [False, True])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("window,resolution,shifted,fused", [(w, r, s, True) for w, r in CASES for s in (False, True)]
+                         + [(4, (7, 7), True, False)])  # the eager reference path once: padded and shifted
 def test_swin_block_equals_transformers(window, resolution, shifted, fused):
     shift = window // 2 if shifted else 0
     layer = _swin_layer(window, resolution, shift)

@@ -38,6 +38,10 @@ __all__ = ["PositionBiasKind", "window_partition", "window_merge", "shift_mask",
 PositionBiasKind = Literal["table", "factorized", "continuous", "none"]
 SWIN_MASK_VALUE = -100.0  # Swin, timm and transformers' value between shifted regions
 _CHUNK_SCORES = 1 << 22  # scores recomputed at once in the backward (16 MiB in fp32)
+# exp of a score below this is subnormal in fp32 (< 1.2e-38), and CPUs compute subnormals about 100x
+# slower (in exp, then in every matmul they enter); the shift mask puts many scores there. Those
+# probabilities are set to 0, as fp32's exp itself does below -104: off by less than 1.6e-38.
+_EXP_FLOOR = -87.0
 
 
 def window_partition(x: torch.Tensor, window: int | tuple[int, int]) -> torch.Tensor:
@@ -163,7 +167,9 @@ def _window_grads(q, k, v, bias, out, lse, grad_out, scale, need_bias, wide):
     g, m, n, d = q.shape
     q3, k3, v3, o3, go3 = (t.reshape(g * m, n, -1) for t in (q, k, v, out, grad_out))  # (gM, N, d)
     scores = torch.bmm(q3, k3.transpose(1, 2)).view(g, m, n, n)  # (g, M, N, N)
-    probs = scores.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1)).exp_().view(g * m, n, n)  # softmax, recomputed
+    logits = scores.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1))  # (g, M, N, N)
+    negligible = logits < _EXP_FLOOR  # (g, M, N, N)
+    probs = logits.clamp_min_(_EXP_FLOOR).exp_().masked_fill_(negligible, 0.0).view(g * m, n, n)  # softmax, recomputed
     grad_v = torch.bmm(probs.transpose(1, 2), go3)  # (gM, N, d)
     grad_probs = torch.bmm(go3, v3.transpose(1, 2))  # (gM, N, N)
     row_dot = (go3 * o3).sum(-1, keepdim=True)  # (gM, N, 1)
