@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 __all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor",
-           "check_dtype", "check_real", "check_per_head", "check_shape"]
+           "check_dtype", "check_real", "check_per_head", "check_shape", "check_grid"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -139,3 +139,13 @@ def check_shape(name: str, value: Any, shape: tuple, *, meaning: str) -> torch.T
         want = tuple("*" if s is None else s for s in shape)
         raise ValueError(f"{name} must have shape {meaning} = {want}, got {tuple(value.shape)}")
     return value
+
+
+def check_grid(name: str, value: Any) -> tuple[int, int]:
+    """A patch grid: a positive int ``S`` (square) or ``(height, width)``, as ``(height, width)``."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be (height, width), got {value!r}")
+        return check_int(f"{name}[0]", value[0], minimum=1), check_int(f"{name}[1]", value[1], minimum=1)
+    size = check_int(name, value, minimum=1)
+    return size, size

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_choice, check_int, check_probability, check_scale, check_tensor
+from ._checks import check_choice, check_grid, check_int, check_probability, check_scale, check_tensor
 from ._fused import accumulate_dtype, fused_available
 
 __all__ = [
@@ -54,15 +54,6 @@ IMPLS = ("auto", "tiles", "fold", "reference")
 # pass 2**26 elements; short sequences (windows) go several examples per call up to that size.
 _FORWARD_ROWS = 768
 _FORWARD_ELEMENTS = 1 << 26
-
-
-def _grid(name: str, value: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be (height, width), got {value!r}")
-        return check_int(f"{name}[0]", value[0], minimum=1), check_int(f"{name}[1]", value[1], minimum=1)
-    size = check_int(name, value, minimum=1)
-    return size, size
 
 
 # --- the tables: SAM's linear resize and lookup ------------------------------------------------
@@ -124,7 +115,7 @@ def decomposed_terms(
     model was trained at).
     """
     query = check_tensor("query", query, shape="(..., N, head_dim)")
-    (qh, qw), (kh, kw) = _grid("q_size", q_size), _grid("k_size", q_size if k_size is None else k_size)
+    (qh, qw), (kh, kw) = check_grid("q_size", q_size), check_grid("k_size", q_size if k_size is None else k_size)
     if query.dim() < 2 or query.shape[-2] != qh * qw:
         raise ValueError(f"query must be (..., N, head_dim) with N = q_size {qh} x {qw} = {qh * qw}, got {tuple(query.shape)}")
     head_dim = query.shape[-1]
@@ -297,7 +288,7 @@ class DecomposedRelPos(nn.Module):
 
     def __init__(self, input_size: int | Sequence[int], head_dim: int, *, device=None, dtype=None) -> None:
         super().__init__()
-        self.input_size = _grid("input_size", input_size)
+        self.input_size = check_grid("input_size", input_size)
         self.head_dim = check_int("head_dim", head_dim, minimum=1)
         kwargs = {"device": device, "dtype": dtype}
         self.rel_pos_h = nn.Parameter(torch.zeros(2 * self.input_size[0] - 1, head_dim, **kwargs))

@@ -30,20 +30,11 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_float, check_tensor
+from ._checks import check_grid, check_int, check_positive_float, check_tensor
 
 __all__ = ["AxialRotary2D", "DINOv3Rotary2D", "MixedRotary2D", "Layout", "apply_rotation"]
 
 Layout = Literal["interleaved", "half"]
-
-
-def _grid(value: int | Sequence[int], name: str = "grid") -> tuple[int, int]:
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be (height, width), got {value!r}")
-        return check_int(f"{name}[0]", value[0], minimum=1), check_int(f"{name}[1]", value[1], minimum=1)
-    size = check_int(name, value, minimum=1)
-    return size, size
 
 
 def _check_head_dim(head_dim: int) -> int:
@@ -87,7 +78,7 @@ class _Rotary2D(nn.Module):
     def rotate(self, x: torch.Tensor, grid: int | Sequence[int], num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x (B, H, P + N, head_dim)`` with its N = height * width patch tokens rotated."""
         check_tensor("x", x, shape="(B, H, P + N, head_dim)")
-        height, width = _grid(grid)
+        height, width = check_grid("grid", grid)
         prefix = check_int("num_prefix_tokens", num_prefix_tokens, minimum=0)
         if x.dim() < 2 or x.shape[-1] != self.head_dim or x.shape[-2] != prefix + height * width:
             raise ValueError(
@@ -129,7 +120,7 @@ class AxialRotary2D(_Rotary2D):
         super().__init__()
         self.head_dim = _check_head_dim(head_dim)
         self.temperature = check_positive_float("temperature", temperature)
-        self.ref_grid = None if ref_grid is None else _grid(ref_grid, "ref_grid")
+        self.ref_grid = None if ref_grid is None else check_grid("ref_grid", ref_grid)
         self.register_buffer("bands", torch.empty(head_dim // 4, device=device, dtype=dtype or torch.float32), persistent=False)
         self._init_buffers()
 
@@ -143,7 +134,7 @@ class AxialRotary2D(_Rotary2D):
 
     def angles(self, grid: int | Sequence[int]) -> torch.Tensor:
         """(N, head_dim / 2): the row angles of every band, then the column angles."""
-        height, width = _grid(grid)
+        height, width = check_grid("grid", grid)
         y, x = _axis_coords(height, width, self.bands.device)  # (N,)
         if self.ref_grid is not None:
             y, x = y / height * self.ref_grid[0], x / width * self.ref_grid[1]
@@ -183,7 +174,7 @@ class MixedRotary2D(_Rotary2D):
 
     def angles(self, grid: int | Sequence[int]) -> torch.Tensor:
         """(num_heads, N, head_dim / 2): ``y * freqs[0] + x * freqs[1]`` (y the row, as timm's ``t_x``)."""
-        height, width = _grid(grid)
+        height, width = check_grid("grid", grid)
         y, x = _axis_coords(height, width, self.freqs.device)  # (N,)
         freqs = self.freqs.float()
         return y[None, :, None] * freqs[0][:, None] + x[None, :, None] * freqs[1][:, None]  # (H, N, d/2)
@@ -218,7 +209,7 @@ class DINOv3Rotary2D(_Rotary2D):
 
     def angles(self, grid: int | Sequence[int]) -> torch.Tensor:
         """(N, head_dim / 2): the row angles of every frequency, then the column angles (then tiled by the layout)."""
-        height, width = _grid(grid)
+        height, width = check_grid("grid", grid)
         y, x = _axis_coords(height, width, self.inv_freq.device)  # (N,)
         centre_y, centre_x = 2 * (y + 0.5) / height - 1, 2 * (x + 0.5) / width - 1  # (N,) in [-1, 1]
         inv_freq = self.inv_freq.float()
