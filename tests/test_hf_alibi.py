@@ -442,3 +442,19 @@ def test_a_model_sharing_the_config_object_keeps_transformers_attention(family):
     ids, mask, _ = batch()
     with torch.no_grad():
         assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, other(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_every_benchmark_builder_builds_and_runs_a_small_model():
+    """The --family table: each builder makes a model that runs on the benchmark's padded inputs."""
+    from relpos.hf import bench
+
+    config = bench.ModelBenchConfig(d_model=32, heads=2, layers=1)
+    assert {"t5", "bloom", "mpt", "falcon", "switch_transformers", "pop2piano", "pix2struct", "udop",
+            "longt5"} <= set(bench.BUILDERS)
+    for name, builder in bench.BUILDERS.items():
+        model = builder.build("forward", config).eval()
+        ids, mask = bench._inputs(2, 16)
+        extra = builder.extra(2, 16) if builder.extra else {}
+        with torch.no_grad():
+            out = bench._output(model(input_ids=ids, attention_mask=mask, **extra))
+        assert out.shape[:2] == (2, 16) and torch.isfinite(out).all(), name
