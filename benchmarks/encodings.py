@@ -36,6 +36,7 @@ VARIANTS: dict[str, tuple[str, float | None]] = {
     "fire (i <= L)": ("sdpa (no bias)", 1.2),
     "fire (L = 512 < i)": ("sdpa (no bias)", None),
     "forgetting": ("sdpa (no bias)", 1.2),
+    "forgetting (flush denormals)": ("sdpa (no bias)", 1.2),
     "rope": ("sdpa (no bias)", None),
     "xpos": ("rope", 1.1),
     "cope": ("sdpa (no bias)", None),
@@ -46,6 +47,17 @@ def _inputs(length: int, train: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, HEADS, length, DIM, generator=g).requires_grad_(train) for _ in range(3))
     return q, k, v
+
+
+def _flushing(call):
+    """``call`` with denormal floats flushed to zero (``torch.set_flush_denormal``), restored after."""
+    def flushed():
+        torch.set_flush_denormal(True)
+        try:
+            call()
+        finally:
+            torch.set_flush_denormal(False)
+    return flushed
 
 
 def make(name: str, length: int, train: bool):
@@ -62,9 +74,10 @@ def make(name: str, length: int, train: bool):
             "fire (L = 512 < i)": lambda: relpos.FIREBias(HEADS),
         }[name]()
         run = lambda: relpos.attention(q, k, v, bias=bias, causal=True)  # noqa: E731
-    elif name == "forgetting":
+    elif name.startswith("forgetting"):
         logits = torch.randn(1, HEADS, length).add_(3.0).requires_grad_(train)  # gates near 0.95: a real decay
-        run = lambda: relpos.gated_attention(q, k, v, F.logsigmoid(logits).cumsum(-1), causal=True)  # noqa: E731
+        gated = lambda: relpos.gated_attention(q, k, v, F.logsigmoid(logits).cumsum(-1), causal=True)  # noqa: E731
+        run = gated
     elif name in ("rope", "xpos"):
         rotary = relpos.RotaryEmbedding(DIM, interleaved=True) if name == "rope" else relpos.XPos(DIM)
 
@@ -77,11 +90,12 @@ def make(name: str, length: int, train: bool):
     else:
         raise ValueError(f"unknown variant {name!r}")
     if not train:
-        def forward():
+        def call():
             with torch.no_grad():
                 run()
-        return forward
-    return lambda: run().sum().backward()
+    else:
+        call = lambda: run().sum().backward()  # noqa: E731
+    return _flushing(call) if name.endswith("(flush denormals)") else call
 
 
 def timings(lengths, rounds: int, names) -> dict:
@@ -154,6 +168,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 on a machine shared with other jobs: a 2-thread op waits at each "
+                             "barrier for a thread the scheduler has parked)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--skip", default="", help="variant|length pairs to leave out, e.g. 'cope|4096'")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory (a process per variant)")
@@ -162,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--append", action="store_true", help="append the table to --markdown instead of replacing it")
     parser.add_argument("--title", default="Timings and memory", help="the table's heading")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     names = [n for n in args.variants.split(",") if n]
     skip = set(filter(None, args.skip.split(",")))

@@ -67,7 +67,11 @@ class CoPE(nn.Module):
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}"
 
     def position_logits(self, query: torch.Tensor, scores: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
-        """``scores (B, H, Lq, Lk)`` (scaled, masked with ``-inf``) plus CoPE's position term."""
+        """``scores (B, H, Lq, Lk)`` (scaled, masked with ``-inf``) plus CoPE's position term.
+
+        ``causal``: also mask the keys after each query, the queries being the last ``Lq`` positions
+        (:meth:`attention` masks with its own ``q_offset`` before calling this).
+        """
         if causal:
             future = relative_positions(scores.shape[-2], scores.shape[-1], q_offset=scores.shape[-1] - scores.shape[-2],
                                         device=scores.device) > 0  # (Lq, Lk)

@@ -39,22 +39,18 @@ _ALIGN = 8  # the folded head width is rounded up to a multiple of this
 
 
 def _fold(query, key, value, key_gate, scale):
-    """q', k', v' of width ``round_up(max(d + 1, dv), 8)``, fp32 at least; k' and v' share one buffer
-    (each fresh (B, H, L, w) allocation costs page faults comparable to the copy itself)."""
+    """q', k', v' of width ``round_up(max(d + 1, dv), 8)``, fp32 at least: one ``cat`` each (its backward
+    is three slices; filling a buffer in place would copy the whole gradient once per filled slice)."""
     dtype = query.dtype if query.dtype in (torch.float32, torch.float64) else torch.float32
     dim, dv = query.shape[-1], value.shape[-1]
     width = -(-max(dim + 1, dv) // _ALIGN) * _ALIGN
-    q = query.new_empty(*query.shape[:-1], width, dtype=dtype)  # (B, H, Lq, w)
-    q[..., :dim] = query
-    q[..., dim] = 1.0
-    q[..., dim + 1 :] = 0.0
-    kv = key.new_empty(2, *key.shape[:-1], width, dtype=dtype)  # (2, B, H, Lk, w)
-    kv[0, ..., :dim] = key
-    kv[0, ..., dim] = -key_gate / scale
-    kv[0, ..., dim + 1 :] = 0.0
-    kv[1, ..., :dv] = value
-    kv[1, ..., dv:] = 0.0  # zeros, not garbage: the backward multiplies these columns too
-    return q, kv[0], kv[1]
+    one = torch.ones((), dtype=dtype, device=query.device)
+    zero = torch.zeros((), dtype=dtype, device=query.device)
+    q = torch.cat([query.to(dtype), one.expand(*query.shape[:-1], 1), zero.expand(*query.shape[:-1], width - dim - 1)], -1)
+    column = (-key_gate / scale).to(dtype)[..., None]  # (B, H, Lk, 1)
+    k = torch.cat([key.to(dtype), column, zero.expand(*key.shape[:-1], width - dim - 1)], -1)  # (B, H, Lk, w)
+    v = torch.cat([value.to(dtype), zero.expand(*value.shape[:-1], width - dv)], -1)  # (B, H, Lk, w)
+    return q, k, v  # q: (B, H, Lq, w)
 
 
 def gated_attention(
