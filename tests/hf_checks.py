@@ -114,6 +114,8 @@ def restore_gives_transformers_back(reference, accelerated, inputs, out_key="log
     rh.restore(accelerated)
     assert not rh.is_accelerated(accelerated)
     assert accelerated.config._attn_implementation == reference.config._attn_implementation
+    for key in accelerated.config.sub_configs:
+        assert getattr(accelerated.config, key)._attn_implementation == getattr(reference.config, key)._attn_implementation
     assert not any("compute_bias" in vars(m) for m in accelerated.modules())
     with torch.no_grad():
         assert torch.equal(getattr(accelerated(**inputs), out_key), getattr(reference(**inputs), out_key))

@@ -74,7 +74,9 @@ def test_text_model_left_and_right_padding():
 def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
     reference, accelerated = pair()
     inputs = patches()
-    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 2, "dense": 0, "none": 3}  # decoder self-attention per offset; cross-attention and the vision layer have no bias
+    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 2, "dense": 0, "none": 2}  # decoder self-attention per offset; cross-attention has no bias
+    assert accelerated.config.vision_config._attn_implementation == reference.config.vision_config._attn_implementation
+    assert accelerated.config.text_config._attn_implementation == "relpos"
     hf_checks.switch_implementations(reference, accelerated, inputs)
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
     hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs)

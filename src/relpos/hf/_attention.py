@@ -94,10 +94,23 @@ def _bias(module: nn.Module, position_bias):
     return None  # cross-attention's zeros placeholder: adds nothing
 
 
+def _recording_attentions() -> bool:
+    """Whether transformers' output capture is recording attention weights right now (a sub-model such as
+    Pix2Struct's vision encoder records them for its parent without ``output_attentions`` reaching it)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - other transformers releases: the flags below decide
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(key.endswith("attentions") for key in collected)
+
+
 def _wants_weights(module: nn.Module, kwargs: dict) -> bool:
-    """``output_attentions`` per call, else the model's config (as transformers' output capture decides)."""
+    """``output_attentions`` per call, else the model's config, or transformers recording the weights."""
     per_call = kwargs.get("output_attentions")
-    return bool(getattr(getattr(module, "config", None), "output_attentions", False) if per_call is None else per_call)
+    if per_call is not None:
+        return bool(per_call)
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False)) or _recording_attentions()
 
 
 def _check_checkpointed_gradient(bias) -> None:

@@ -108,9 +108,14 @@ def t5_like_family(
     *,
     bidirectional: Callable[[nn.Module], bool],
     extra_attributes: tuple[str, ...] = (),
+    sub_config: str | None = None,
     unsupported: str = "",
 ) -> Family:
-    """A :class:`Family` for T5-like attention classes; ``bidirectional(module)`` says how its buckets run."""
+    """A :class:`Family` for T5-like attention classes; ``bidirectional(module)`` says how its buckets run.
+
+    ``sub_config``: in a composite model, only this sub-config (and its sub-models) switches to relpos
+    (Pix2Struct: ``"text_config"``; its vision encoder has no relative bias and keeps its implementation).
+    """
 
     def check(modules: list[nn.Module]) -> None:
         for module in {type(m): m for m in modules}.values():  # one instance per class
@@ -118,8 +123,13 @@ def t5_like_family(
 
     def apply(model: nn.Module, modules: list[nn.Module]):
         register()
-        previous = model.config._attn_implementation
-        model.set_attn_implementation(NAME)  # first: transformers may refuse it, and nothing is changed yet
+        config = model.config
+        subs = getattr(config, "sub_configs", {})
+        previous = config._attn_implementation  # undo restores the model and each sub-config as they were
+        if subs:
+            previous = {"": previous, **{key: getattr(config, key)._attn_implementation for key in subs}}
+        target = {sub_config: NAME} if sub_config in subs else NAME
+        model.set_attn_implementation(target)  # first: transformers may refuse it, and nothing is changed yet
         owners = [m for m in modules if OWNS_BIAS(m)]
         compute_bias = _instance_compute_bias(bidirectional)
         for module in owners:

@@ -2,8 +2,9 @@
 
 ``Pix2StructTextAttention`` is T5's attention with causal buckets in every use (its
 ``compute_bias`` passes ``bidirectional=False``) and layer 0 owning the table. The vision encoder
-has no relative bias (its patches carry learned row and column embeddings), so it keeps
-transformers' attention implementation choice under relpos too: relpos runs it with no bias.
+has no relative bias (its patches carry learned row and column embeddings), so only the text
+sub-config switches to relpos; the vision encoder keeps its implementation (its eager path also
+returns attention weights that its encoder collects without passing ``output_attentions`` down).
 """
 
 from __future__ import annotations
@@ -20,5 +21,6 @@ FAMILY = register(
         ("pix2struct", "pix2struct_text_model"),
         ("Pix2StructTextAttention",),
         bidirectional=lambda module: False,
+        sub_config="text_config",
     )
 )
