@@ -62,7 +62,6 @@ def test_logits_loss_and_every_gradient_equal_transformers(family):
         out.loss.backward()
         outs.append((out.logits.detach(), out.loss.detach(), grads(model)))
     (l1, loss1, g1), (l2, loss2, g2) = outs
-    real = mask.bool()[:, None, :].expand(-1, labels.shape[1], -1)  # noqa: F841 - every decoder row is real
     assert torch.allclose(l2, l1, rtol=1e-4, atol=1e-5)
     assert torch.allclose(loss2, loss1, rtol=1e-5)
     assert g1.keys() == g2.keys() and len(g1) > 10

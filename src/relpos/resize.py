@@ -16,7 +16,6 @@ Class-token rows are kept as they are (they are not offsets). 1D tables are a gr
 
 from __future__ import annotations
 
-import math
 from typing import Literal, Mapping, Sequence
 
 import torch
