@@ -225,3 +225,16 @@ def test_layers_without_relative_positions():
         ours, theirs = (_outputs("vitdet", m, inputs) for m in (accelerated, reference))
     for name in theirs:
         torch.testing.assert_close(ours[name], theirs[name], rtol=2e-4, atol=2e-4)
+
+
+def test_vitdet_non_square_grid_equals_transformers():
+    """A 64 x 48 image (an 8 x 6 patch grid): rows and columns differ, so a swapped grid would show."""
+    reference = _build("vitdet")
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    pixels = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        ref, ours = reference(pixel_values=pixels).feature_maps, accelerated(pixel_values=pixels).feature_maps
+    assert ref[-1].shape[-2:] == (8, 6)
+    for r, o in zip(ref, ours):
+        assert r.abs().mean() > 1e-2  # not ~0
+        torch.testing.assert_close(o, r, rtol=2e-4, atol=2e-4)

@@ -154,3 +154,28 @@ def test_check_refuses_a_changed_interface():
     with pytest.raises(RuntimeError, match="o_proj"):
         rh.accelerate(model)
     assert not any("forward" in vars(m) for m in model.modules())  # nothing changed
+
+
+def test_swinv2_adds_the_shift_mask_twice_like_transformers():
+    """Swin V2 adds its -100 shift mask twice (-200). With logit_scale at its cap (100) cosine logits
+    reach +-100, so a mask added once would let blocked pairs win: the queries are set to point at
+    the keys of the other region (q = -x, k = x), which only the doubled mask keeps out."""
+    model = _model("swinv2", 32, 4)
+    fast = rh.accelerate(copy.deepcopy(model))
+    ref, ours = (next(m for m in net.modules() if type(m).__name__ == "Swinv2SelfAttention") for net in (model, fast))
+    for module in (ref, ours):
+        with torch.no_grad():
+            module.logit_scale.fill_(torch.log(torch.tensor(100.0)).item())
+            module.query.weight.copy_(-torch.eye(16))
+            module.query.bias.zero_()
+            module.key.weight.copy_(torch.eye(16))
+    g = torch.Generator().manual_seed(11)
+    region = torch.arange(16) >= 8  # (N,): two regions of a shifted window
+    sign = torch.where(region, -1.0, 1.0).double()
+    hidden = sign[None, :, None] * torch.ones(2, 16, 16, dtype=torch.float64) + 0.1 * torch.randn(2, 16, 16, generator=g, dtype=torch.float64)
+    mask = torch.where(region[:, None] != region[None, :], -100.0, 0.0).double()[None]  # (nW=1, N, N)
+    with torch.no_grad():
+        expected, got = ref(hidden, mask)[0], ours(hidden, mask)[0]
+        once = ref(hidden, mask / 2)[0]  # transformers' forward with the mask added once in effect
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    assert (once - expected).abs().max() > 0.1  # the second -100 matters here (tolerance 1e-10)

@@ -32,6 +32,19 @@ def test_equals_the_papers_formula(kind):
 
 
 @pytest.mark.parametrize("kind", ["log", "power"])
+def test_parameters_out_of_range_are_clamped_where_the_bias_is_computed(kind):
+    # training can push r1, r2 negative (or r2 of power past 2): the bias uses them clamped as the authors' code does
+    bias = KerpleBias(2, kind, r1=[1.0, 1.0], r2=[1.0, 1.0])
+    with torch.no_grad():
+        bias.r1.copy_(torch.tensor([-3.0, 0.001]))
+        bias.r2.copy_(torch.tensor([-1.0, 5.0]))
+    r2 = [1e-2, 5.0] if kind == "log" else [1e-2, 2.0]
+    got = bias.materialize(6, 6)[0].double()
+    assert torch.allclose(got, formula(kind, [1e-2, 1e-2], r2, 6, 6), atol=1e-6)
+    assert (got <= 0).all()  # distance is never rewarded
+
+
+@pytest.mark.parametrize("kind", ["log", "power"])
 def test_per_offset_form(kind):
     offsets = KerpleBias(4, kind).offsets(16, 16)
     assert isinstance(offsets, OffsetBias) and offsets.values.shape == (4, 31)  # O(L), never (H, L, L)

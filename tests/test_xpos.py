@@ -42,6 +42,8 @@ def test_logits_equal_torchscale_formula():
     step = torchscale_xpos(q[-1:], offset=length - 1, scale_base=8.0) @ torchscale_xpos(k, downscale=True, scale_base=8.0).T
     ours_step = xpos.rotate(q[-1:].float(), length - 1) @ ours_k.T
     assert torch.allclose(ours_step.double(), step, rtol=1e-5, atol=1e-4)
+    step_q, step_k = xpos(q[-1:].float(), k.float(), q_offset=length - 1)  # forward's q_offset: a KV-cache step
+    assert torch.allclose((step_q @ step_k.T).double(), step, rtol=1e-5, atol=1e-4)
 
 
 def test_relative_shift_invariance():
