@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ._checks import check_grid, check_int, check_positive_float, check_tensor
+from .rotary import apply_rotation as rotate_pairs
 
 __all__ = ["AxialRotary2D", "DINOv3Rotary2D", "MixedRotary2D", "Layout", "apply_rotation"]
 
@@ -56,13 +57,9 @@ def apply_rotation(x: torch.Tensor, angles: torch.Tensor, layout: Layout, num_pr
     tensor([[0., 2.]])
     """
     prefix, patches = x[..., :num_prefix_tokens, :], x[..., num_prefix_tokens:, :]  # (..., P, d), (..., N, d)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., N, d/2)
-    if layout == "interleaved":
-        even, odd = patches[..., 0::2], patches[..., 1::2]  # (..., N, d/2)
-        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)  # (..., N, d)
-    else:
-        first, second = patches.chunk(2, -1)  # (..., N, d/2)
-        rotated = torch.cat([first * cos - second * sin, first * sin + second * cos], -1)  # (..., N, d)
+    interleaved = layout == "interleaved"
+    full = angles.repeat_interleave(2, -1) if interleaved else torch.cat([angles, angles], -1)  # (..., N, d) per channel
+    rotated = rotate_pairs(patches, full.cos(), full.sin(), interleaved=interleaved)  # (..., N, d)
     return torch.cat([prefix, rotated], -2)  # (..., P + N, d)
 
 
