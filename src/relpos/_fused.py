@@ -218,15 +218,23 @@ def tiled_sdpa(
     ``enable_gqa``: k/v have fewer heads than q (each shared by a group); SDPA shares them, no copy.
     """
     batch, heads, query_length, _ = query.shape
-    q_rev = query.flip(-2)  # one copy; each tile reads a slice
-    covers_all = len(tiles) == 1 and tiles[0][:4] == (0, batch, 0, query_length)
-    out = None if covers_all else query.new_zeros(batch, heads, query_length, value.shape[-1])  # unseen rows: 0
+    covers_all = sum((t.b1 - t.b0) * (t.r1 - t.r0) for t in tiles) == batch * query_length  # tiles never overlap
+    if len(tiles) == 1 and covers_all:
+        mask = tile_bias(values, tiles[0], query_length)  # (1, Hb, Lq, Lk) view
+        return F.scaled_dot_product_attention(
+            query.flip(-2), key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+        ).flip(-2)
+    # Each tile flips its own query rows and writes its output (flipped back) straight into place: no
+    # whole-length flips, no zero fill when the tiles cover every row (causal forward, L = 2048, one
+    # thread: 1.10x of SDPA is_causal instead of 1.13x; no difference measured at 4096 or in training).
+    new = query.new_empty if covers_all else query.new_zeros  # rows in no tile see no key: output 0
+    out = new(batch, heads, query_length, value.shape[-1])  # (B, H, Lq, dv)
     for tile in tiles:
-        qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
+        b0, b1, r0, r1, k0, k1 = tile
         mask = tile_bias(values, tile, query_length)  # (1, Hb, R, K) view
-        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
-        if out is None:
-            return o.flip(-2)  # one tile covers everything
-        a0, a1 = _reversed_rows(tile, query_length)
-        out[tile.b0 : tile.b1, :, a0:a1] = o
-    return out.flip(-2)
+        o = F.scaled_dot_product_attention(
+            query[b0:b1, :, r0:r1].flip(-2), key[b0:b1, :, k0:k1], value[b0:b1, :, k0:k1],
+            attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa,
+        )  # (b, H, R, dv), rows reversed
+        out[b0:b1, :, r0:r1] = o.flip(-2)
+    return out
