@@ -83,6 +83,30 @@ def test_one_sdpa_call_no_square_tensor(monkeypatch):
     assert seen["shapes"] == ((2, 4, 12, 24),) * 3  # d + 1 = 17 rounded up to 24; v padded alike (CPU flash kernel)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_is_one_flash_call_with_a_per_key_mask(monkeypatch, dtype):
+    """Causal self-attention without grad: no fold (width d), -c_j as a row-stride-0 view; equals the oracle."""
+    calls = []
+    real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def spy(q, k, v, *args, attn_mask=None, **kw):
+        calls.append((q.shape, attn_mask.stride(), args))
+        return real(q, k, v, *args, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(relpos.forgetting.torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", spy)
+    monkeypatch.setattr(relpos.forgetting, "attention", None)  # the fold's path must not run
+    q, k, v = qkv(lq=40, lk=40)
+    log_f = gates(length=40)
+    with torch.no_grad():
+        out = gated_attention(q.to(dtype), k.to(dtype), v.to(dtype), log_f.cumsum(-1))
+    expected = oracle(q.to(dtype).double(), k.to(dtype).double(), v.to(dtype).double(), fox_bias(log_f, 40, 0), causal=True)
+    assert out.dtype == dtype
+    assert torch.allclose(out.double(), expected, atol=2e-5 if dtype == torch.float32 else 2e-2)
+    assert (oracle(q, k, v, causal=True) - expected).abs().max() > 0.1  # the gates matter
+    (shape, stride, args), = calls
+    assert shape == (2, 4, 40, 16) and stride[2] == 0 and args == (0.0, True)  # width d, no (B, H, L, L), is_causal
+
+
 def test_grouped_kv_heads_and_bf16():
     q, k, v = qkv(lq=12, lk=12)
     c = gates().cumsum(-1)
