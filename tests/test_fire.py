@@ -5,7 +5,7 @@ import torch
 
 from relpos import FIREBias, OffsetBias, attention, select_backend
 
-from oracles import CASES, check_backend, decode_matches_parallel, qkv
+from oracles import CASES, check_backend, decode_matches_parallel, padding_mask, qkv
 
 
 def make_fire(init_L=512.0, seed=0, heads=4):  # noqa: N803
@@ -100,3 +100,13 @@ def test_decode_equals_parallel(init_L):  # noqa: N803
 def test_bad_inputs(kwargs, error, match):
     with pytest.raises(error, match=match):
         FIREBias(4, **kwargs)
+
+
+def test_flex_equals_eager_on_cpu_inference():
+    fire = make_fire()  # L = 512: every query within the threshold, the per-offset form flex reads
+    q, k, v = qkv(lq=64, lk=64)
+    with torch.no_grad():
+        out = attention(q, k, v, bias=fire, causal=True, key_mask=padding_mask(2, 64), backend="flex")
+        expected = attention(q, k, v, bias=fire, causal=True, key_mask=padding_mask(2, 64), backend="eager")
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert (expected - attention(q, k, v, causal=True, key_mask=padding_mask(2, 64), backend="eager")).abs().max() > 0.05

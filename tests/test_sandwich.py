@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from relpos import OffsetBias, SandwichBias
+from relpos import OffsetBias, SandwichBias, attention
 
-from oracles import CASES, check_backend, decode_matches_parallel
+from oracles import CASES, check_backend, decode_matches_parallel, padding_mask, qkv
 
 
 def formula(heads, dim, lq, lk, q_offset=0):
@@ -59,3 +59,13 @@ def test_decode_equals_parallel():
 def test_bad_inputs(kwargs, error, match):
     with pytest.raises(error, match=match):
         SandwichBias(4, **kwargs)
+
+
+def test_flex_equals_eager_on_cpu_inference():
+    bias = _Scaled(SandwichBias(4, dim=8))
+    q, k, v = qkv(lq=64, lk=64)
+    with torch.no_grad():
+        out = attention(q, k, v, bias=bias, causal=True, key_mask=padding_mask(2, 64), backend="flex")
+        expected = attention(q, k, v, bias=bias, causal=True, key_mask=padding_mask(2, 64), backend="eager")
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert (expected - attention(q, k, v, causal=True, key_mask=padding_mask(2, 64), backend="eager")).abs().max() > 0.05
