@@ -74,6 +74,9 @@ def test_cli_and_page_list_the_registry():
     assert experiment_cli.config_from_args(args).encodings == ("kerple", "sandwich", "fire", "xpos", "forgetting", "cope")
     with pytest.raises(ValueError, match="unknown \\['fourier'\\]; choose from .*kerple"):
         experiment_cli.config_from_args(parser.parse_args(["extrapolate", "--encodings", "fourier"]))
+    new = ("kerple", "kerple_power", "sandwich", "fire", "xpos", "forgetting", "cope")
+    tasks = experiment_cli.task_configs_from_args(parser.parse_args(["tasks", "--encodings", ",".join(new)]))
+    assert tasks and all(config.encodings == new for config in tasks)  # `relpos tasks` takes every new encoding
     page = explore._kind_options()
     assert all(f'<option value="{kind}">' in page for kind in plots.BIAS_KINDS)
     kinds = explore._api_kinds({})["kinds"]
