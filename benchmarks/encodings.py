@@ -8,6 +8,11 @@ memory is measured in a fresh process per variant (``--memory``): the growth of 
 over the process's size before the call.
 
     python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory --markdown docs/benchmarks-encodings.md
+
+``--markdown`` into a file holding the markers ``<!-- tables:begin -->`` and ``<!-- tables:end -->``
+replaces what lies between them (``--append``: adds after it) and keeps the prose around them.
+The ``(flush denormals)`` variants set ``torch.set_flush_denormal`` around each call; it acts on the
+calling thread only, so they mean something with ``--threads 1``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ VARIANTS: dict[str, tuple[str, float | None]] = {
     "sdpa (no bias)": ("sdpa (no bias)", None),
     "kerple": ("sdpa (no bias)", 1.2),
     "sandwich": ("sdpa (no bias)", 1.2),
+    "sandwich (flush denormals)": ("sdpa (no bias)", 1.2),
     "fire (i <= L)": ("sdpa (no bias)", 1.2),
     "fire (L = 512 < i)": ("sdpa (no bias)", None),
     "forgetting": ("sdpa (no bias)", 1.2),
@@ -66,10 +72,11 @@ def make(name: str, length: int, train: bool):
     q, k, v = _inputs(length, train)
     if name == "sdpa (no bias)":
         run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    elif name in ("kerple", "sandwich", "fire (i <= L)", "fire (L = 512 < i)"):
+    elif name in ("kerple", "sandwich", "sandwich (flush denormals)", "fire (i <= L)", "fire (L = 512 < i)"):
         bias = {
             "kerple": lambda: relpos.KerpleBias(HEADS, "log"),
             "sandwich": lambda: relpos.SandwichBias(HEADS, HEADS * DIM),
+            "sandwich (flush denormals)": lambda: relpos.SandwichBias(HEADS, HEADS * DIM),
             "fire (i <= L)": lambda: relpos.FIREBias(HEADS, init_L=float(length)),
             "fire (L = 512 < i)": lambda: relpos.FIREBias(HEADS),
         }[name]()
@@ -131,15 +138,16 @@ def memory_of(name: str, length: int, train: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def markdown(results: dict, memory: dict, lengths, command: str, title: str) -> str:
+def markdown(results: dict, memory: dict, lengths, command: str, title: str, load: float) -> str:
     lines = [
         f"## {title}",
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; a 2-core CPU "
-        "shared with other jobs while it ran (its load varies: the variants are interleaved, one call of each per "
-        "round, so a slow phase hits all of them; ratios are the figures to read).",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads: {torch.get_num_threads()}, torch "
+        f"{torch.__version__}; load average {load:.1f} at the start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        "(the variants are interleaved, one call of each per round, so a slow phase hits all of them; ratios are the "
+        "figures to read).",
         "",
         "Causal self-attention, B = 1, H = 8, d = 64, fp32. Forward: under `torch.no_grad`; train: forward + backward "
         "into q, k, v and the encoding's parameters (gates for the forgetting gate). Median ms over the rounds; the "
@@ -164,6 +172,23 @@ def markdown(results: dict, memory: dict, lengths, command: str, title: str) -> 
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+
+
+def write_tables(path: str, tables: str, append: bool) -> None:
+    """Put ``tables`` between the file's markers (keeping the prose around them), or write the file."""
+    text = open(path).read() if os.path.exists(path) else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        body, tail = rest.split(END, 1)
+        body = (body.rstrip("\n") + "\n\n" if append and body.strip() else "\n") + tables
+        text = f"{head}{BEGIN}{body}{END}{tail}"
+    else:
+        text = (text + "\n" if append and text else "") + tables
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096")
@@ -184,6 +209,7 @@ def main(argv=None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     names = [n for n in args.variants.split(",") if n]
     skip = set(filter(None, args.skip.split(",")))
+    load = os.getloadavg()[0]
     results = {}
     for length in lengths:
         chosen = [n for n in names if f"{n}|{length}" not in skip]
@@ -204,8 +230,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"timings_ms": results, "peak_extra_mib": memory}, f, indent=1)
     if args.markdown:
-        with open(args.markdown, "a" if args.append else "w") as f:
-            f.write(("\n" if args.append else "") + markdown(results, memory, lengths, command, args.title))
+        write_tables(args.markdown, markdown(results, memory, lengths, command, args.title, load), args.append)
     return 0
 
 
