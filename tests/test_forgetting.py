@@ -107,6 +107,17 @@ def test_inference_is_one_flash_call_with_a_per_key_mask(monkeypatch, dtype):
     assert shape == (2, 4, 40, 16) and stride[2] == 0 and args == (0.0, True)  # width d, no (B, H, L, L), is_causal
 
 
+def test_inference_edges_take_the_fold():
+    """No tokens, or values narrower than the keys (the flash kernel takes one width): the fold, still exact."""
+    q, k, v = qkv(lq=10, lk=10)
+    log_f = gates(length=10)
+    with torch.no_grad():
+        narrow = gated_attention(q, k, v[..., :5], log_f.cumsum(-1))
+        empty = gated_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], log_f[..., :0])
+    assert torch.allclose(narrow.double(), oracle(q, k, v[..., :5], fox_bias(log_f, 10, 0), causal=True), atol=2e-5)
+    assert empty.shape == (2, 4, 0, 16)
+
+
 def test_grouped_kv_heads_and_bf16():
     q, k, v = qkv(lq=12, lk=12)
     c = gates().cumsum(-1)

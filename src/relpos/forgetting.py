@@ -60,11 +60,12 @@ def _fold(query, key, value, key_gate, scale):
 
 
 def _per_key_applies(query, key, value, key_gate, causal, attn_mask, key_mask, dropout_p, q_offset, backend) -> bool:
-    """Inference on CPU, causal self-attention with no other mask: one flash call with a per-key mask."""
+    """Inference on CPU, causal self-attention (L > 0, dv = d) with no other mask: one flash call with a per-key mask."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, key_gate))
     return (
-        backend == "auto" and causal and q_offset == 0 and query.shape[2] == key.shape[2] and attn_mask is None
+        backend == "auto" and causal and q_offset == 0 and query.shape[2] == key.shape[2] > 0 and attn_mask is None
         and key_mask is None and not dropout_p and not needs_grad and fused_available(query)
+        and value.shape[-1] == query.shape[-1]  # the flash kernel takes one head width
         and not torch.compiler.is_compiling()
     )
 
