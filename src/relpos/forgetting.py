@@ -124,6 +124,7 @@ def gated_attention(
     batch, heads, query_length, _ = query.shape
     key_length = key.shape[2]
     check_shape("key_gate", key_gate, (batch, heads, key_length), meaning="(B, H, Lk)")
+    causal = check_bool("causal", causal)  # read below before relpos.attention would check it
     scale = check_scale("scale", scale)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if scale == 0:
