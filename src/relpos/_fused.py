@@ -30,7 +30,7 @@ from ._tiles import Tile, tile_bias
 __all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
 
 _LOG_NEGLIGIBLE = -80.0
-"""Backward (and the forward with dropout): a weight below ``e^-80`` (1.8e-35) counts as 0. Left as it is, ``exp`` and the products after
+"""Backward: a weight below ``e^-80`` (1.8e-35) counts as 0. Left as it is, ``exp`` and the products after
 it would produce denormal floats (below 1.2e-38), which x86 computes many times slower (Sandwich, decayed
 forgetting gates: docs/benchmarks-encodings.md). A row's weights sum to 1, so the dropped mass is under
 ``L * 1.8e-35`` (7e-32 at L = 4096): 24 orders of magnitude under fp32's resolution."""
@@ -106,8 +106,7 @@ def _forward_dropout(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: i
         for a, c in _row_blocks(qt.shape[2], heads, kb.shape[1]):
             s = torch.bmm(qt[i, :, a:c].to(acc), kb.transpose(1, 2)).mul_(scale).add_(bias[0, :, a:c])  # (H, R, K)
             m = _finite_lse(torch.logsumexp(s, -1, keepdim=True))  # (H, R, 1)
-            s.sub_(m).masked_fill_(s < _LOG_NEGLIGIBLE, float("-inf"))  # as in the backward: no denormal weights
-            p = s.exp_().mul_(_dropout_scale(dropout, tile.b0 + i, tile, a, c, heads, key_length, acc, qt.device))
+            p = s.sub_(m).exp_().mul_(_dropout_scale(dropout, tile.b0 + i, tile, a, c, heads, key_length, acc, qt.device))
             out[i, :, a:c] = torch.bmm(p, vb)
             lse[i, :, a:c] = m[..., 0]
     return out, lse
