@@ -352,9 +352,8 @@ def select_backend(
     Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: a dense bias,
     or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused`` on CPU,
     ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU (both
-    train the table without (B, H, L, L) memory). Training on CPU with a bias spanning more than
-    :data:`DENORMAL_SPREAD`: ``fused`` (no denormal floats in its backward). Otherwise ``sdpa`` on
-    tiles with a zero-copy view. ``eager`` is the reference, never auto.
+    train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on tiles with a zero-copy
+    view. ``eager`` is the reference, never auto.
     """
     return _choose(_prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset))
 
