@@ -29,11 +29,6 @@ from ._tiles import Tile, tile_bias
 
 __all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
 
-_LOG_NEGLIGIBLE = -80.0
-"""Backward: a weight below ``e^-80`` (1.8e-35) counts as 0. Left as it is, ``exp`` and the products after
-it would produce denormal floats (below 1.2e-38), which x86 computes many times slower (Sandwich, decayed
-forgetting gates: docs/benchmarks-encodings.md). A row's weights sum to 1, so the dropped mass is under
-``L * 1.8e-35`` (7e-32 at L = 4096): 24 orders of magnitude under fp32's resolution."""
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
 
 
@@ -164,8 +159,7 @@ class _TiledAttention(torch.autograd.Function):
                 for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
                     qb, gb = qt[:, a:c], gt[:, a:c]  # (H, R', d)
                     p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
-                    p.sub_(lt[:, a:c])
-                    p.masked_fill_(p < _LOG_NEGLIGIBLE, float("-inf")).exp_()  # probabilities; negligible ones exactly 0
+                    p.sub_(lt[:, a:c]).exp_()  # probabilities
                     dp = torch.bmm(gb, vb.transpose(1, 2))  # (H, R', K) dO v^T
                     if ctx.dropout is not None:
                         z = _dropout_scale(ctx.dropout, b, tile, a, c, heads, key_length, acc, q.device)

@@ -36,18 +36,11 @@ from ._tiles import Tile, plan_tiles
 from .bias import AdditiveBias, OffsetBias, hankel_view
 from .buckets import relative_positions
 
-__all__ = ["Backend", "BiasLike", "BackendChoice", "DENORMAL_SPREAD", "attention", "resolve_bias", "select_backend", "spans_denormals"]
+__all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", "select_backend"]
 
 Backend = Literal["auto", "eager", "sdpa", "fused", "flex"]
 BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex")
 BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
-DENORMAL_SPREAD = 64.0
-"""Training on CPU with an additive term spanning more than this (ALiBi's steep heads, Sandwich's first
-heads, decayed forgetting gates) takes the fused path: SDPA's backward would meet far keys' weights
-between e^-104 and e^-87, denormal floats x86 computes many times slower (ALiBi, 8 heads, L = 2048, one
-thread: SDPA 3.2x of SDPA with no bias, fused 1.8x; docs/benchmarks-encodings.md). Below it the
-weights stay normal and SDPA's own backward is faster (Sandwich at L = 1024 with denormals flushed:
-1.15x against fused's 1.9x)."""
 _FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
 
 
@@ -272,22 +265,6 @@ def _fused_unavailable(call: _Call) -> str | None:
     return None
 
 
-def spans_denormals(low: torch.Tensor, high: torch.Tensor) -> bool:
-    """Whether an additive term ranging over ``[low, high]`` (per head) spans more than :data:`DENORMAL_SPREAD`."""
-    return bool(((high - low) > DENORMAL_SPREAD).any())
-
-
-def _wide_spread(call: _Call) -> bool:
-    """The per-offset bias (causal mask folded in) spans more than :data:`DENORMAL_SPREAD` in some head."""
-    if not isinstance(call.bias, OffsetBias) or torch.compiler.is_compiling():
-        return False
-    values = call.offset_values().detach()  # (Hb, Lq + Lk - 1)
-    finite = torch.isfinite(values)
-    low = values.masked_fill(~finite, float("inf")).amin(-1)  # (Hb,)
-    high = values.masked_fill(~finite, float("-inf")).amax(-1)
-    return spans_denormals(low, high)
-
-
 def _choose(call: _Call) -> BackendChoice:
     q = call.query
     bias_grad = _bias_grad(call)
@@ -318,12 +295,6 @@ def _choose(call: _Call) -> BackendChoice:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
         rejected.update(fused=fused_no or "fused is the CPU path")
         return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
-    if fused_no is None and not small and needs_grad and not bias_grad and _wide_spread(call):
-        rejected.update(sdpa=f"the bias spans more than {DENORMAL_SPREAD:g}: far keys' weights would be denormal "
-                             "floats in SDPA's backward, which x86 computes many times slower")
-        rejected.update(flex=flex_no or "fused is the CPU training path")
-        return BackendChoice("fused", "training with a wide bias on CPU: fused forward, a backward that counts "
-                                      "weights below e^-80 as 0 (no denormals)", rejected)
     rejected.update(fused=fused_no or "no gradient into the bias table: plain SDPA already runs fused")
     rejected.update(flex=flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here")
     if bias_grad:

@@ -37,7 +37,7 @@ from torch import nn
 
 from ._checks import check_bool, check_device, check_int, check_scale, check_shape, check_tensor
 from ._fused import fused_available
-from .attention import Backend, _is_small, attention, spans_denormals
+from .attention import Backend, attention
 
 __all__ = ["ForgettingGate", "gated_attention"]
 
@@ -68,18 +68,6 @@ def _per_key_applies(query, key, value, key_gate, causal, attn_mask, key_mask, d
         and value.shape[-1] == query.shape[-1]  # the flash kernel takes one head width
         and not torch.compiler.is_compiling()
     )
-
-
-def _gates_span_denormals(query, key, value, key_gate, attn_mask) -> bool:
-    """Training on CPU where the gates' running sum spans more than ``DENORMAL_SPREAD`` in some (example, head):
-    the fused path, whose backward counts weights below ``e^-80`` as 0 (relpos.attention's rule for biases)."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, key_gate))
-    if not needs_grad or attn_mask is not None or not fused_available(query) or torch.compiler.is_compiling():
-        return False
-    if key_gate.shape[-1] == 0 or _is_small(*query.shape[:3], key.shape[2]):
-        return False
-    gate = key_gate.detach()
-    return spans_denormals(gate.amin(-1), gate.amax(-1))
 
 
 def _per_key_inference(query, key, value, key_gate, scale) -> torch.Tensor:
@@ -139,8 +127,6 @@ def gated_attention(
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # (B, H, Lk, d)
     if _per_key_applies(query, key, value, key_gate, causal, attn_mask, key_mask, dropout_p, q_offset, backend):
         return _per_key_inference(query, key, value, key_gate, scale)
-    if backend == "auto" and _gates_span_denormals(query, key, value, key_gate, attn_mask):
-        backend = "fused"  # SDPA's backward would compute far keys' weights as denormal floats
     q, k, v = _fold(query, key, value, key_gate, scale)  # (B, H, L, w) each
     out = attention(q, k, v, causal=causal, attn_mask=attn_mask, key_mask=key_mask, dropout_p=dropout_p,
                     scale=scale, q_offset=q_offset, backend=backend)  # (B, H, Lq, w)
