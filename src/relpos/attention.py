@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from ._denormals import flushing
 from ._dropout import draw_seed, drop_weights
 from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
@@ -295,6 +296,10 @@ def _choose(call: _Call) -> BackendChoice:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
         rejected.update(fused=fused_no or "fused is the CPU path")
         return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
+    if call.bias is not None and fused_no is None and not small and _needs_grad(q, call.key, call.value):
+        rejected.update(sdpa="torch runs SDPA's backward outside relpos, where denormal probabilities stay slow")
+        rejected.update(flex=flex_no or "fused is the CPU training path")
+        return BackendChoice("fused", "training on CPU: SDPA's flash kernel per tile, its backward with denormals flushed", rejected)
     rejected.update(fused=fused_no or "no gradient into the bias table: plain SDPA already runs fused")
     rejected.update(flex=flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here")
     if bias_grad:
@@ -461,6 +466,11 @@ def _eager(call: _Call) -> torch.Tensor:
 
 
 def _sdpa(call: _Call) -> torch.Tensor:
+    with flushing(call.query):  # the forward only: torch runs this path's backward (relpos._denormals)
+        return _sdpa_forward(call)
+
+
+def _sdpa_forward(call: _Call) -> torch.Tensor:
     q, k, v, p = call.query, call.key, call.value, call.dropout_p
     gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
     if call.dense_reason is None:
