@@ -100,3 +100,32 @@ def test_flash_backward_equals_the_blockwise_backward(dtype):
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     for a, b in zip(*outs):
         torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_unbiased_training_is_sdpa_with_a_flushed_backward(monkeypatch, causal):
+    """No bias (a forgetting gate folded into q and k): the flash kernel SDPA runs, equal in the forward
+    and every gradient; the backward runs with denormals flushed."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 700, 16, generator=g) * 6 for _ in range(3))  # wide logits: a denormal tail
+    results = []
+    for run in ("sdpa", "relpos"):
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal) if run == "sdpa" else attention(qs, ks, vs, causal=causal)
+        out.square().sum().backward()
+        results.append((out, qs.grad, ks.grad, vs.grad))
+    for a, b in zip(*results):  # equal up to the flushed denormal tail (far below fp32 rounding)
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+    seen = []
+    real_op = fused._flash_backward_op
+
+    def spy(*args):
+        seen.append(_flush_on())
+        return real_op(*args)
+
+    monkeypatch.setattr(fused, "_flash_backward_op", spy)
+    qs = q.clone().requires_grad_()
+    attention(qs, k, v, causal=causal).sum().backward()
+    assert seen == [True] and not _flush_on()

@@ -28,7 +28,7 @@ from ._denormals import flushing
 from ._dropout import effective_p, keep_rows
 from ._tiles import Tile, tile_bias
 
-__all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
+__all__ = ["accumulate_dtype", "antidiagonal_sums", "flash_attention", "fused_available", "fused_attention", "tiled_sdpa"]
 
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
 
@@ -214,6 +214,38 @@ def _blockwise_backward(ctx, grad_out):
         None if dvalues is None else dvalues.to(values.dtype),
     )
     return (*grads, None, None, None)
+
+
+class _Flash(torch.autograd.Function):
+    """SDPA's CPU flash kernel as SDPA itself runs it (no mask), its backward with denormals flushed."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, causal, scale):
+        with flushing(query):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal, scale=scale)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse = ctx.saved_tensors
+        with flushing(query):
+            grads = _flash_backward_op(grad_out.contiguous(), query, key, value, out, lse, ctx.causal, ctx.scale)
+        return (*grads, None, None)
+
+
+def _flash_backward_op(grad_out, query, key, value, out, lse, causal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, lse, 0.0, causal, scale=scale
+    )
+
+
+def flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` on CPU (equal heads, no
+    mask, no dropout) with its backward run by relpos, so that denormal probabilities are flushed there
+    too (a forgetting gate folded into q and k decays logits by hundreds of units: relpos._denormals)."""
+    return _Flash.apply(query, key, value, causal, scale)
 
 
 def fused_attention(

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ._denormals import flushing
 from ._dropout import draw_seed, drop_weights
-from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
+from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
@@ -475,6 +475,8 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
     gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
     if call.dense_reason is None:
         if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
+            if not (p or call.grouped or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
+                return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
             return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
         values = call.offset_values()  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
