@@ -130,3 +130,32 @@ def test_bad_inputs():
         AxialRotary2D(8).rotate(q, (4, 6), num_prefix_tokens=PREFIX)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         AxialRotary2D(16).rotate(q.tolist(), (4, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [lambda: AxialRotary2D(16), lambda: MixedRotary2D(16, num_heads=3), lambda: DINOv3Rotary2D(16)])
+def test_low_precision_inputs_rotate_in_fp32_and_keep_their_dtype(dtype, make):
+    """bf16/fp16 in, same dtype out, within one rounding of the fp64 rotation (angles are never rounded to
+    the low precision: at grid 7 x 5 a bf16 angle would be off by up to 2^-8 x its size)."""
+    rope, grid = make(), (7, 5)
+    q, _ = _qk(grid, seed=3)
+    want = rope.double().rotate(q, grid, num_prefix_tokens=PREFIX)  # (2, 3, P + N, 16) fp64
+    got = rope.float().rotate(q.to(dtype), grid, num_prefix_tokens=PREFIX)
+    assert got.dtype == dtype
+    rounding = torch.finfo(dtype).eps  # one unit of the low precision, relative
+    err = (got.double() - want).abs() / want.abs().clamp_min(1.0)
+    # q itself was rounded once (relative eps/2), the rotation adds one more rounding at most per term
+    assert err.max() <= 2 * rounding, (err.max(), rounding)
+    assert torch.equal(got[..., :PREFIX, :], q[..., :PREFIX, :].to(dtype))
+
+
+def test_low_precision_dinov3_error_is_no_larger_than_transformers_own():
+    config = dinov3.DINOv3ViTConfig(hidden_size=48, num_attention_heads=3, patch_size=4, image_size=32, num_register_tokens=4)
+    grid = (7, 5)
+    cos, sin = dinov3.DINOv3ViTRopePositionEmbedding(config).eval()(torch.zeros(1, 3, grid[0] * 4, grid[1] * 4))
+    q, k = _qk(grid, seed=4)
+    exact, _ = dinov3.apply_rotary_pos_emb(q, k, cos.double(), sin.double())
+    theirs, _ = dinov3.apply_rotary_pos_emb(q.bfloat16(), k.bfloat16(), cos.bfloat16(), sin.bfloat16())
+    ours, _ = DINOv3Rotary2D(16, base=config.rope_theta)(q.bfloat16(), k.bfloat16(), grid, num_prefix_tokens=PREFIX)
+    assert ours.dtype == torch.bfloat16
+    assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max()

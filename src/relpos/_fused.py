@@ -24,10 +24,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._denormals import flushing
 from ._dropout import effective_p, keep_rows
 from ._tiles import Tile, tile_bias
 
-__all__ = ["accumulate_dtype", "antidiagonal_sums", "fused_available", "fused_attention", "tiled_sdpa"]
+__all__ = ["accumulate_dtype", "antidiagonal_sums", "flash_attention", "fused_available", "fused_attention", "tiled_sdpa"]
 
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
 
@@ -116,73 +117,135 @@ class _TiledAttention(torch.autograd.Function):
         bias = values.detach().to(acc)
         out = q_rev.new_zeros(batch, heads, query_length, value.shape[-1])  # reversed rows; rows in no tile stay 0
         lse = torch.full((batch, heads, query_length), float("inf"), dtype=acc, device=q_rev.device)
-        for tile in tiles:
-            qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
-            mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
-            if dropout is None:
-                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    qt, kt, vt, 0.0, False, attn_mask=mask, scale=scale
-                )
-            else:
-                o, m = _forward_dropout(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
-            a0, a1 = _reversed_rows(tile, query_length)
-            out[tile.b0 : tile.b1, :, a0:a1] = o
-            lse[tile.b0 : tile.b1, :, a0:a1] = m
+        with flushing(q_rev):
+            for tile in tiles:
+                qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
+                mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
+                if dropout is None:
+                    o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        qt, kt, vt, 0.0, False, attn_mask=mask, scale=scale
+                    )
+                else:
+                    o, m = _forward_dropout(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
+                a0, a1 = _reversed_rows(tile, query_length)
+                out[tile.b0 : tile.b1, :, a0:a1] = o
+                lse[tile.b0 : tile.b1, :, a0:a1] = m
         ctx.save_for_backward(q_rev, key, value, values, out, lse)
         ctx.tiles, ctx.scale, ctx.dropout = tiles, scale, dropout
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, values, out, lse = ctx.saved_tensors
-        heads, query_length, key_length = q.shape[1], q.shape[2], k.shape[2]
-        acc = accumulate_dtype(q.dtype)
-        bias = values.detach().to(acc)
-        lse = _finite_lse(lse.to(acc))
-        dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
-        dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if ctx.needs_input_grad[3] else None
-        shared, scale = values.shape[0] == 1, ctx.scale
-        for tile in ctx.tiles:
-            b0, b1, r0, r1, k0, k1 = tile
-            a0, a1 = _reversed_rows(tile, query_length)
-            mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
-            base = tile.bias_offset(query_length)  # values index of the view's (0, 0)
-            # Batch outermost: a block is (H, rows, K) whatever B is, so rows (the matmuls' M) stay large.
-            for b in range(b0, b1):
-                kb, vb = k[b, :, k0:k1].to(acc), v[b, :, k0:k1].to(acc)  # (H, K, d)
-                qt = q[b, :, a0:a1].to(acc)  # (H, R, d), rows reversed like everything saved
-                gt = grad_out[b, :, a0:a1].to(acc)
-                delta = (gt * out[b, :, a0:a1].to(acc)).sum(-1, keepdim=True)  # (H, R, 1)
-                lt = lse[b, :, a0:a1, None]  # (H, R, 1)
-                dqt = torch.empty_like(qt)
-                dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-                for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
-                    qb, gb = qt[:, a:c], gt[:, a:c]  # (H, R', d)
-                    p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
-                    p.sub_(lt[:, a:c]).exp_()  # probabilities
-                    dp = torch.bmm(gb, vb.transpose(1, 2))  # (H, R', K) dO v^T
-                    if ctx.dropout is not None:
-                        z = _dropout_scale(ctx.dropout, b, tile, a, c, heads, key_length, acc, q.device)
-                        dp.mul_(z)
-                        dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)
-                    else:
-                        dvb.baddbmm_(p.transpose(1, 2), gb)
-                    ds = dp.sub_(delta[:, a:c]).mul_(p)  # (H, R', K) dS
-                    dqt[:, a:c] = torch.bmm(ds, kb)
-                    dkb.baddbmm_(ds.transpose(1, 2), qb)
-                    if dvalues is not None:
-                        per_head = ds.sum(0, keepdim=True) if shared else ds  # a shared bias sums heads
-                        dvalues[:, base + a : base + c + k1 - k0 - 1] += antidiagonal_sums(per_head)
-                dq[b, :, a0:a1] = dqt
-                dk[b, :, k0:k1] += dkb
-                dv[b, :, k0:k1] += dvb
-        grads = (
-            dq.mul_(scale).to(q.dtype),
-            dk.mul_(scale).to(k.dtype),
-            dv.to(v.dtype),
-            None if dvalues is None else dvalues.to(values.dtype),
-        )
-        return (*grads, None, None, None)
+        q = ctx.saved_tensors[0]
+        with flushing(q):
+            if ctx.dropout is None and not ctx.needs_input_grad[3]:
+                return (*_flash_backward(ctx, grad_out), None, None, None, None)
+            return _blockwise_backward(ctx, grad_out)
+
+
+def _flash_backward(ctx, grad_out):
+    """No dropout, no bias gradient: SDPA's own CPU flash backward, tile by tile, from the saved logsumexp."""
+    q, k, v, values, out, lse = ctx.saved_tensors
+    query_length = q.shape[2]
+    bias = values.detach().to(accumulate_dtype(q.dtype))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    grad_out = grad_out.contiguous()
+    for tile in ctx.tiles:
+        (b0, b1, k0, k1), (a0, a1) = (tile.b0, tile.b1, tile.k0, tile.k1), _reversed_rows(tile, query_length)
+        qt, kt, vt = _tile_inputs(q, k, v, tile)
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out[b0:b1, :, a0:a1], qt, kt, vt, out[b0:b1, :, a0:a1], lse[b0:b1, :, a0:a1], 0.0, False,
+            attn_mask=tile_bias(bias, tile, query_length), scale=ctx.scale,
+        )  # (b, H, R, d), (b, H, K, d), (b, H, K, dv)
+        dq[b0:b1, :, a0:a1] = gq
+        dk[b0:b1, :, k0:k1] += gk
+        dv[b0:b1, :, k0:k1] += gv
+    return dq, dk, dv
+
+
+def _blockwise_backward(ctx, grad_out):
+    """With dropout or a bias gradient: every gradient block by block (the formulas in the module docstring)."""
+    q, k, v, values, out, lse = ctx.saved_tensors
+    heads, query_length, key_length = q.shape[1], q.shape[2], k.shape[2]
+    acc = accumulate_dtype(q.dtype)
+    bias = values.detach().to(acc)
+    lse = _finite_lse(lse.to(acc))
+    dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
+    dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if ctx.needs_input_grad[3] else None
+    shared, scale = values.shape[0] == 1, ctx.scale
+    for tile in ctx.tiles:
+        b0, b1, r0, r1, k0, k1 = tile
+        a0, a1 = _reversed_rows(tile, query_length)
+        mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
+        base = tile.bias_offset(query_length)  # values index of the view's (0, 0)
+        # Batch outermost: a block is (H, rows, K) whatever B is, so rows (the matmuls' M) stay large.
+        for b in range(b0, b1):
+            kb, vb = k[b, :, k0:k1].to(acc), v[b, :, k0:k1].to(acc)  # (H, K, d)
+            qt = q[b, :, a0:a1].to(acc)  # (H, R, d), rows reversed like everything saved
+            gt = grad_out[b, :, a0:a1].to(acc)
+            delta = (gt * out[b, :, a0:a1].to(acc)).sum(-1, keepdim=True)  # (H, R, 1)
+            lt = lse[b, :, a0:a1, None]  # (H, R, 1)
+            dqt = torch.empty_like(qt)
+            dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+            for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
+                qb, gb = qt[:, a:c], gt[:, a:c]  # (H, R', d)
+                p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
+                p.sub_(lt[:, a:c]).exp_()  # probabilities
+                dp = torch.bmm(gb, vb.transpose(1, 2))  # (H, R', K) dO v^T
+                if ctx.dropout is not None:
+                    z = _dropout_scale(ctx.dropout, b, tile, a, c, heads, key_length, acc, q.device)
+                    dp.mul_(z)
+                    dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)
+                else:
+                    dvb.baddbmm_(p.transpose(1, 2), gb)
+                ds = dp.sub_(delta[:, a:c]).mul_(p)  # (H, R', K) dS
+                dqt[:, a:c] = torch.bmm(ds, kb)
+                dkb.baddbmm_(ds.transpose(1, 2), qb)
+                if dvalues is not None:
+                    per_head = ds.sum(0, keepdim=True) if shared else ds  # a shared bias sums heads
+                    dvalues[:, base + a : base + c + k1 - k0 - 1] += antidiagonal_sums(per_head)
+            dq[b, :, a0:a1] = dqt
+            dk[b, :, k0:k1] += dkb
+            dv[b, :, k0:k1] += dvb
+    grads = (
+        dq.mul_(scale).to(q.dtype),
+        dk.mul_(scale).to(k.dtype),
+        dv.to(v.dtype),
+        None if dvalues is None else dvalues.to(values.dtype),
+    )
+    return (*grads, None, None, None)
+
+
+class _Flash(torch.autograd.Function):
+    """SDPA's CPU flash kernel as SDPA itself runs it (no mask), its backward with denormals flushed."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, causal, scale):
+        with flushing(query):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal, scale=scale)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse = ctx.saved_tensors
+        with flushing(query):
+            grads = _flash_backward_op(grad_out.contiguous(), query, key, value, out, lse, ctx.causal, ctx.scale)
+        return (*grads, None, None)
+
+
+def _flash_backward_op(grad_out, query, key, value, out, lse, causal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, lse, 0.0, causal, scale=scale
+    )
+
+
+def flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` on CPU (equal heads, no
+    mask, no dropout) with its backward run by relpos, so that denormal probabilities are flushed there
+    too (a forgetting gate folded into q and k decays logits by hundreds of units: relpos._denormals)."""
+    return _Flash.apply(query, key, value, causal, scale)
 
 
 def fused_attention(

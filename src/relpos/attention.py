@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from ._denormals import flushing
 from ._dropout import draw_seed, drop_weights
-from ._fused import accumulate_dtype, fused_attention, fused_available, tiled_sdpa
+from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
@@ -295,6 +296,10 @@ def _choose(call: _Call) -> BackendChoice:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
         rejected.update(fused=fused_no or "fused is the CPU path")
         return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
+    if call.bias is not None and fused_no is None and not small and _needs_grad(q, call.key, call.value):
+        rejected.update(sdpa="torch runs SDPA's backward outside relpos, where denormal probabilities stay slow")
+        rejected.update(flex=flex_no or "fused is the CPU training path")
+        return BackendChoice("fused", "training on CPU: SDPA's flash kernel per tile, its backward with denormals flushed", rejected)
     rejected.update(fused=fused_no or "no gradient into the bias table: plain SDPA already runs fused")
     rejected.update(flex=flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here")
     if bias_grad:
@@ -461,10 +466,17 @@ def _eager(call: _Call) -> torch.Tensor:
 
 
 def _sdpa(call: _Call) -> torch.Tensor:
+    with flushing(call.query):  # the forward only: torch runs this path's backward (relpos._denormals)
+        return _sdpa_forward(call)
+
+
+def _sdpa_forward(call: _Call) -> torch.Tensor:
     q, k, v, p = call.query, call.key, call.value, call.dropout_p
     gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
     if call.dense_reason is None:
         if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
+            if not (p or call.grouped or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
+                return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
             return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
         values = call.offset_values()  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
