@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_bool, check_device, check_int, check_scale, check_shape, check_tensor
+from ._denormals import flushing
 from ._fused import fused_available
 from .attention import Backend, attention
 
@@ -79,7 +80,8 @@ def _per_key_inference(query, key, value, key_gate, scale) -> torch.Tensor:
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)  # (B, H, L, d)
     batch, heads, length, _ = q.shape
     mask = (-key_gate).to(dtype)[:, :, None, :].expand(batch, heads, length, length)  # (B, H, Lq, Lk) view
-    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=mask, scale=scale)
+    with flushing(q):  # decayed gates: far keys' weights would be denormal floats (relpos._denormals)
+        out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=mask, scale=scale)
     return out.to(query.dtype)  # (B, H, Lq, dv)
 
 
