@@ -199,12 +199,15 @@ def _saved_numels(fn) -> list[int]:
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_recompute_attention_equal_gradients_and_restorable(family):
-    """recompute_attention: outputs and every gradient still equal unmodified transformers'; restore removes it."""
+def test_recompute_activations_equal_gradients_and_restorable(family):
+    """recompute_activations: outputs and every gradient still equal unmodified transformers'; restore removes it."""
     model = _model(family, 36, 4)
-    fast = rh.recompute_attention(rh.accelerate(copy.deepcopy(model)))
+    fast = rh.recompute_activations(rh.accelerate(copy.deepcopy(model)))
     modules = [m for m in fast.modules() if type(m).__name__ in rh.swin.SWIN_ATTENTION_CLASSES]
     assert modules and all(vars(m).get("_relpos_recompute") for m in modules)
+    mlp = [m for m in fast.modules() if type(m).__name__.endswith(("Intermediate", "Output")) and "forward" in vars(m)]
+    assert len(mlp) == (0 if family == "swin" else 2 * 4)  # Swin V2 / Donut: every layer's MLP (Swin's has fc1/fc2)
+    assert list(fast.state_dict()) == list(model.state_dict()) and len(list(fast.modules())) == len(list(model.modules()))
     pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
     ref, ref_grads = _run(model, pixels)
     out, grads = _run(fast, pixels)
@@ -215,7 +218,7 @@ def test_recompute_attention_equal_gradients_and_restorable(family):
     assert not any("_relpos_recompute" in vars(m) or "forward" in vars(m) for m in fast.modules())
 
 
-def test_recompute_attention_keeps_less_and_can_be_switched_off():
+def test_recompute_activations_keeps_less_and_can_be_switched_off():
     """Kept for the backward (Swin V2, batch 4): transformers > accelerated > accelerated + recompute."""
     model = _model("swinv2", 32, 4)
     fast = rh.accelerate(copy.deepcopy(model))
@@ -223,10 +226,10 @@ def test_recompute_attention_keeps_less_and_can_be_switched_off():
     kept = {}
     for name, net in (("hf", model), ("relpos", fast)):
         kept[name] = sum(_saved_numels(lambda: net(pixels)))
-    rh.recompute_attention(fast)
+    rh.recompute_activations(fast)
     kept["recompute"] = sum(_saved_numels(lambda: fast(pixels)))
     assert kept["recompute"] < 0.75 * kept["relpos"] and kept["relpos"] < kept["hf"]
-    rh.recompute_attention(fast, enabled=False)
+    rh.recompute_activations(fast, enabled=False)
     assert sum(_saved_numels(lambda: fast(pixels))) == kept["relpos"]
 
 
@@ -249,11 +252,11 @@ def test_no_per_example_window_scores_kept_for_backward():
     assert kept and max(kept) <= scores // batch  # the bias, once per layer
 
 
-def test_recompute_attention_refuses_bad_models():
+def test_recompute_activations_refuses_bad_models():
     model = _model("swinv2", 32, 4)
     with pytest.raises(ValueError, match="accelerate"):
-        rh.recompute_attention(model)  # not accelerated
+        rh.recompute_activations(model)  # not accelerated
     with pytest.raises(ValueError, match="no Swin attention"):
-        rh.recompute_attention(torch.nn.Linear(2, 2))
+        rh.recompute_activations(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="enabled"):
-        rh.recompute_attention(rh.accelerate(model), enabled="yes")
+        rh.recompute_activations(rh.accelerate(model), enabled="yes")

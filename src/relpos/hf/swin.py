@@ -34,7 +34,7 @@ from ..window_attention import window_attention
 from ._family import Family, register
 from .api import is_accelerated
 
-__all__ = ["FAMILY", "SWIN_ATTENTION_CLASSES", "recompute_attention"]
+__all__ = ["FAMILY", "SWIN_ATTENTION_CLASSES", "recompute_activations"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ _KINDS = {
                                  ("self", "hidden_states", "attention_mask", "output_attentions"), 2, continuous=True),
 }
 SWIN_ATTENTION_CLASSES = tuple(_KINDS)
-_RECOMPUTE_FLAG = "_relpos_recompute"  # instance attribute set by recompute_attention
+_RECOMPUTE_FLAG = "_relpos_recompute"  # instance attribute set by recompute_activations
 
 
 def _table_bias(module: nn.Module) -> torch.Tensor:
@@ -88,7 +88,7 @@ def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.T
                       output_attentions: bool | None = False, **kwargs):
     """The module's attention on relpos's window path: same inputs, same outputs as transformers'.
 
-    After :func:`recompute_attention`, the branch runs in a non-reentrant checkpoint under autograd:
+    After :func:`recompute_activations`, the branch runs in a non-reentrant checkpoint under autograd:
     only its input (and the layer's mask) is kept for the backward, which recomputes the projections,
     the cosine normalisation, the bias and the window attention (bitwise the forward's values, so
     gradients are unchanged).
@@ -151,33 +151,90 @@ def _apply(model: nn.Module, modules: list[nn.Module]) -> Callable[[], None]:
         module.forward = types.MethodType(_windowed_forward, module)  # instance attribute: this model only
 
     def undo() -> None:
+        _switch_off(model)
         for module in modules:
             del module.forward  # the class's forward shows through again
-            module.__dict__.pop(_RECOMPUTE_FLAG, None)
 
     return undo
 
 
-def recompute_attention(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Trade time for memory in training: keep only each window attention's input for the backward.
+class _ActLinear(torch.autograd.Function):
+    """``linear(act(h), weight, bias)`` keeping only ``h``: ``act(h)`` is recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, act):  # h (..., F); weight (C, F)
+        ctx.save_for_backward(h, weight)
+        ctx.act, ctx.has_bias = act, bias is not None
+        return F.linear(act(h), weight, bias)  # (..., C)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = h.detach().requires_grad_()
+            g = ctx.act(leaf)  # (..., F), recomputed
+        grad_h = torch.autograd.grad(g, leaf, grad_out @ weight)[0] if ctx.needs_input_grad[0] else None
+        flat = grad_out.reshape(-1, grad_out.shape[-1])  # (M, C)
+        grad_w = flat.t() @ g.detach().reshape(-1, g.shape[-1]) if ctx.needs_input_grad[1] else None  # (C, F)
+        grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # (C,)
+        return grad_h, grad_w, grad_b, None
+
+
+def _pre_activation(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of a layer's ``intermediate`` under recomputation: ``dense`` only (the
+    activation moves into the ``output``'s :class:`_ActLinear`)."""
+    return self.dense(hidden_states)  # (B, L, F)
+
+
+def _activated_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of a layer's ``output``: ``dropout(dense(act(h)))`` keeping only ``h``."""
+    return self.dropout(_ActLinear.apply(hidden_states, self.dense.weight, self.dense.bias, self._relpos_act))
+
+
+def _mlp_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """(intermediate, output) of every Swin layer whose MLP is ``dense -> act`` then ``dense -> dropout``."""
+    pairs = []
+    for layer in model.modules():
+        inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
+        if (type(inter).__name__.endswith("Intermediate") and all(hasattr(inter, a) for a in ("dense", "intermediate_act_fn"))
+                and all(hasattr(out, a) for a in ("dense", "dropout")) and callable(inter.intermediate_act_fn)):
+            pairs.append((inter, out))
+    return pairs
+
+
+def _switch_off(model: nn.Module) -> None:
+    for module in model.modules():
+        if module.__dict__.pop(_RECOMPUTE_FLAG, None) and type(module).__name__ not in _KINDS:
+            module.__dict__.pop("forward", None)  # an MLP module: the class's forward again
+            module.__dict__.pop("_relpos_act", None)
+
+
+def recompute_activations(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Trade time for memory in training: keep only each window attention's and MLP activation's input.
 
     ``model`` must be accelerated (:func:`relpos.hf.accelerate`). With ``enabled``, every Swin /
     Swin V2 / Donut Swin attention branch recomputes its projections, normalisation, bias and window
-    attention in the backward instead of keeping them (outputs and gradients unchanged). Measured on
-    a Swin V2 tiny-like model (docs/bench-swin.md): the activations kept for the backward drop from
-    0.91 (window 8) / 0.57 (window 16) of transformers' to 0.60 / 0.38, and a training step takes
-    about 15% longer than without it. :func:`relpos.hf.restore` removes it with the rest.
+    attention in the backward instead of keeping them, and each MLP keeps its pre-activation only
+    (the activation is recomputed); outputs and gradients are unchanged (tested against the
+    unmodified models). Measured on a Swin V2 tiny-like model (docs/bench-swin.md).
+    ``enabled=False`` or :func:`relpos.hf.restore` removes it.
     """
     enabled = check_bool("enabled", enabled)
     modules = [m for m in model.modules() if type(m).__name__ in _KINDS] if isinstance(model, nn.Module) else []
     if not modules or not is_accelerated(model):
         raise ValueError(f"model must be a Swin, Swin V2 or Donut Swin model after relpos.hf.accelerate(model), "
                          f"got {type(model).__name__}{'' if modules else ' (no Swin attention modules)'}: accelerate it first")
+    _switch_off(model)
+    if not enabled:
+        return model
     for module in modules:
-        if enabled:
-            setattr(module, _RECOMPUTE_FLAG, True)
-        else:
-            module.__dict__.pop(_RECOMPUTE_FLAG, None)
+        setattr(module, _RECOMPUTE_FLAG, True)
+    for inter, out in _mlp_pairs(model):
+        inter.forward = types.MethodType(_pre_activation, inter)
+        out.__dict__["_relpos_act"] = inter.intermediate_act_fn  # a plain attribute, not a registered submodule
+        out.forward = types.MethodType(_activated_output, out)
+        setattr(inter, _RECOMPUTE_FLAG, True)
+        setattr(out, _RECOMPUTE_FLAG, True)
     return model
 
 
