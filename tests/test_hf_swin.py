@@ -205,8 +205,8 @@ def test_recompute_activations_equal_gradients_and_restorable(family):
     fast = rh.recompute_activations(rh.accelerate(copy.deepcopy(model)))
     modules = [m for m in fast.modules() if type(m).__name__ in rh.swin.SWIN_ATTENTION_CLASSES]
     assert modules and all(vars(m).get("_relpos_recompute") for m in modules)
-    mlp = [m for m in fast.modules() if type(m).__name__.endswith(("Intermediate", "Output")) and "forward" in vars(m)]
-    assert len(mlp) == (0 if family == "swin" else 2 * 4)  # Swin V2 / Donut: every layer's MLP (Swin's has fc1/fc2)
+    mlp = [m for m in fast.modules() if type(m).__name__.endswith(("Intermediate", "Output", "MLP")) and "forward" in vars(m)]
+    assert len(mlp) == (1 if family == "swin" else 2) * 4  # every layer's MLP: SwinMLP; V2 / Donut: intermediate + output
     assert list(fast.state_dict()) == list(model.state_dict()) and len(list(fast.modules())) == len(list(model.modules()))
     pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
     ref, ref_grads = _run(model, pixels)

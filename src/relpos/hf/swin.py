@@ -191,6 +191,11 @@ def _activated_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.dropout(_ActLinear.apply(hidden_states, self.dense.weight, self.dense.bias, self._relpos_act))
 
 
+def _swin_mlp(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of Swin's ``SwinMLP`` under recomputation: ``fc2(act(fc1(x)))`` keeping ``fc1(x)``."""
+    return _ActLinear.apply(self.fc1(hidden_states), self.fc2.weight, self.fc2.bias, self.activation_fn)  # (B, L, C)
+
+
 def _mlp_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     """(intermediate, output) of every Swin layer whose MLP is ``dense -> act`` then ``dense -> dropout``."""
     pairs = []
@@ -229,6 +234,9 @@ def recompute_activations(model: nn.Module, enabled: bool = True) -> nn.Module:
         return model
     for module in modules:
         setattr(module, _RECOMPUTE_FLAG, True)
+    for mlp in [m for m in model.modules() if all(hasattr(m, a) for a in ("fc1", "fc2", "activation_fn"))]:
+        mlp.forward = types.MethodType(_swin_mlp, mlp)  # Swin V1's SwinMLP
+        setattr(mlp, _RECOMPUTE_FLAG, True)
     for inter, out in _mlp_pairs(model):
         inter.forward = types.MethodType(_pre_activation, inter)
         out.__dict__["_relpos_act"] = inter.intermediate_act_fn  # a plain attribute, not a registered submodule
