@@ -14,6 +14,11 @@ between regions, where Swin V2's paper code adds ``-100`` once); the adapter doe
 outputs equal transformers'. A call that asks for attention weights (``output_attentions``) runs
 transformers' own forward, which computes them. No class is modified and no parameter or buffer
 is added or renamed; :func:`relpos.hf.restore` deletes the instance ``forward``.
+
+:func:`recompute_activations` (opt-in, after ``accelerate``) trades training time for memory: each
+attention branch keeps only its input for the backward (a non-reentrant checkpoint) and each MLP
+only its pre-activation (:class:`_ActLinear`); the layers' MLP modules then get instance
+``forward`` attributes too, removed by ``enabled=False`` or ``restore``.
 """
 
 from __future__ import annotations
