@@ -23,9 +23,10 @@ import torch
 from relpos._io import write_text
 from relpos._progress import Progress
 from relpos.bench import _timed_rounds
-from relpos.hf import accelerate
+from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")
+RECOMPUTE = "relpos_recompute"  # training only: relpos.hf.recompute_activations (forward under no_grad is relpos)
 
 
 def _model(window: int, image: int, family: str):
@@ -69,6 +70,33 @@ def _check_equal(models: dict, pixels: torch.Tensor) -> dict:
     }
 
 
+def _saved_by_stage(model, pixels) -> dict[str, float]:
+    """MiB of activations autograd keeps for the backward after one training forward, by encoder stage
+    (each storage counted once, parameters and buffers excluded)."""
+    owned = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    stage = ["other"]
+    hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: stage.__setitem__(0, f"stage {i}"))
+             for i, layer in enumerate(model.encoder.layers)]
+    hooks.append(model.encoder.register_forward_hook(lambda m, a, o: stage.__setitem__(0, "other")))
+    seen: dict[int, tuple[str, int]] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in owned and ptr not in seen:
+            seen[ptr] = (stage[0], t.untyped_storage().nbytes())
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(pixels)
+    for hook in hooks:
+        hook.remove()
+    by: dict[str, float] = {}
+    for where, nbytes in seen.values():
+        by[where] = by.get(where, 0.0) + nbytes / 2**20
+    return by | {"total": sum(by.values())}
+
+
 def _runner(mode: str, model, pixels):
     if mode == "forward":
         model.eval()
@@ -93,15 +121,19 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads) if args.threads else None
     rows = []
     plan = [(w, m) for w in args.windows for m in args.modes]
-    progress = Progress(len(plan) * args.rounds * len(VARIANTS))
+    progress = Progress(sum(args.rounds * (len(VARIANTS) + (mode == "train")) for _, mode in plan))
     checks = {}
     for window in args.windows:
         base = _model(window, args.image, args.family)
         models = {"hf_eager": base, "relpos": accelerate(copy.deepcopy(base))}
         pixels = torch.randn(args.batch, 3, args.image, args.image)
         checks[window] = _check_equal(models, pixels)
+        checks[window]["saved_mib"] = {name: _saved_by_stage(model, pixels) for name, model in models.items()}
+        checks[window]["saved_mib"][RECOMPUTE] = _saved_by_stage(recompute_activations(accelerate(copy.deepcopy(base))), pixels)
         for mode in args.modes:
             variants = {name: _runner(mode, model, pixels) for name, model in models.items()}
+            if mode == "train":
+                variants[RECOMPUTE] = _runner(mode, recompute_activations(accelerate(copy.deepcopy(base))), pixels)
             timed = _timed_rounds(variants, args.rounds, progress, f"{mode} window={window}")
             for name, (ms, peak, samples) in timed.items():
                 rows.append({"mode": mode, "window": window, "variant": name, "ms": ms, "peak_mib": peak,
@@ -112,6 +144,9 @@ def run(args) -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
+STAGES = ("stage 0", "stage 1", "stage 2", "stage 3", "other")
+
+
 def markdown(report: dict) -> str:
     cfg = report["config"]
     lines = [
@@ -119,23 +154,49 @@ def markdown(report: dict) -> str:
         f"batch {cfg['batch']}, fp32, {cfg['rounds']} interleaved rounds (median), torch {report['torch']}, "
         f"{report['threads']} threads.",
         "",
-        "| mode | window | transformers eager ms | relpos ms | speed-up | transformers peak MiB | relpos peak MiB | memory ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | window | variant | transformers eager ms | relpos ms | speed-up | transformers peak MiB | relpos peak MiB | memory ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["mode"], r["window"], r["variant"]): r for r in report["results"]}
     for mode in cfg["modes"]:
         for window in cfg["windows"]:
-            hf, ours = by[(mode, window, "hf_eager")], by[(mode, window, "relpos")]
-            mem = "" if not hf["peak_mib"] or ours["peak_mib"] is None else f"{ours['peak_mib'] / hf['peak_mib']:.2f}"
-            lines.append(f"| {mode} | {window} | {hf['ms']:.0f} | {ours['ms']:.0f} | {hf['ms'] / ours['ms']:.2f}x | "
-                         f"{hf['peak_mib']:.0f} | {ours['peak_mib']:.0f} | {mem} |")
+            hf = by[(mode, window, "hf_eager")]
+            for variant in ("relpos", RECOMPUTE):
+                ours = by.get((mode, window, variant))
+                if ours is None:
+                    continue
+                mem = "" if not hf["peak_mib"] or ours["peak_mib"] is None else f"{ours['peak_mib'] / hf['peak_mib']:.2f}"
+                lines.append(f"| {mode} | {window} | {variant} | {hf['ms']:.0f} | {ours['ms']:.0f} | {hf['ms'] / ours['ms']:.2f}x | "
+                             f"{hf['peak_mib']:.0f} | {ours['peak_mib']:.0f} | {mem} |")
     lines += ["", "Equality before timing (eval mode, same input):", ""]
     for window, c in report["checks"].items():
         lines.append(f"- window {window}: max |output difference| {c['max_abs_output_diff_fp32']:.1e} in fp32 "
                      f"(outputs up to {c['output_scale']:.1f}), {c['max_abs_output_diff_fp64']:.1e} in fp64; gradients (fp64) "
                      f"of every parameter within {c['max_rel_grad_diff_fp64']:.1e} relative (||a - b|| / ||b||; "
                      f"largest: {c['worst_parameter']})")
+    lines += ["", "Activations kept for the backward after one training forward (MiB, by encoder stage; "
+              "parameter gradients not included):", "",
+              "| window | variant | " + " | ".join(STAGES) + " | total | of transformers' |",
+              "|---|---|" + "---|" * (len(STAGES) + 2)]
+    for window, c in report["checks"].items():
+        saved = c["saved_mib"]
+        for variant, by_stage in saved.items():
+            cells = " | ".join(f"{by_stage.get(k, 0.0):.1f}" for k in STAGES)
+            lines.append(f"| {window} | {variant} | {cells} | {by_stage['total']:.1f} | "
+                         f"{by_stage['total'] / saved['hf_eager']['total']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+TABLE_START, TABLE_END = "<!-- bench-swin table: written by benchmarks/swin.py -->", "<!-- end of bench-swin table -->"
+
+
+def _into_page(path: str, table: str) -> str:
+    """The page with its generated part (between the two markers) replaced; the prose around it stays."""
+    block = f"{TABLE_START}\n{table}{TABLE_END}"
+    page = open(path).read() if os.path.exists(path) else ""
+    if TABLE_START in page and TABLE_END in page:
+        return page[: page.index(TABLE_START)] + block + page[page.index(TABLE_END) + len(TABLE_END):]
+    return block + "\n"
 
 
 def _fixed_mmap_threshold() -> None:
@@ -166,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))
     if args.markdown:
-        write_text(args.markdown, text)
+        write_text(args.markdown, _into_page(args.markdown, text))
     return 0
 
 

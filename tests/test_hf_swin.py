@@ -179,3 +179,84 @@ def test_swinv2_adds_the_shift_mask_twice_like_transformers():
         once = ref(hidden, mask / 2)[0]  # transformers' forward with the mask added once in effect
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     assert (once - expected).abs().max() > 0.1  # the second -100 matters here (tolerance 1e-10)
+
+
+def _saved_shapes(fn) -> list[tuple[int, tuple[int, ...]]]:
+    """(element count, shape) of every tensor autograd keeps for the backward while ``fn()`` runs forward."""
+    kept: list[tuple[int, tuple[int, ...]]] = []
+
+    def pack(t):
+        kept.append((t.numel(), tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return kept
+
+
+def _saved_numels(fn) -> list[int]:
+    return [numel for numel, _ in _saved_shapes(fn)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_recompute_activations_equal_gradients_and_restorable(family):
+    """recompute_activations: outputs and every gradient still equal unmodified transformers'; restore removes it."""
+    model = _model(family, 36, 4)
+    fast = rh.recompute_activations(rh.accelerate(copy.deepcopy(model)))
+    modules = [m for m in fast.modules() if type(m).__name__ in rh.swin.SWIN_ATTENTION_CLASSES]
+    assert modules and all(vars(m).get("_relpos_recompute") for m in modules)
+    mlp = [m for m in fast.modules() if type(m).__name__.endswith(("Intermediate", "Output", "MLP")) and "forward" in vars(m)]
+    assert len(mlp) == (1 if family == "swin" else 2) * 4  # every layer's MLP: SwinMLP; V2 / Donut: intermediate + output
+    assert list(fast.state_dict()) == list(model.state_dict()) and len(list(fast.modules())) == len(list(model.modules()))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
+    ref, ref_grads = _run(model, pixels)
+    out, grads = _run(fast, pixels)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    rh.restore(fast)
+    assert not any("_relpos_recompute" in vars(m) or "forward" in vars(m) for m in fast.modules())
+
+
+def test_recompute_activations_keeps_less_and_can_be_switched_off():
+    """Kept for the backward (Swin V2, batch 4): transformers > accelerated > accelerated + recompute."""
+    model = _model("swinv2", 32, 4)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(4, 3, 32, 32, dtype=torch.float64)
+    kept = {}
+    for name, net in (("hf", model), ("relpos", fast)):
+        kept[name] = sum(_saved_numels(lambda: net(pixels)))
+    rh.recompute_activations(fast)
+    kept["recompute"] = sum(_saved_numels(lambda: fast(pixels)))
+    assert kept["recompute"] < 0.75 * kept["relpos"] and kept["relpos"] < kept["hf"]
+    rh.recompute_activations(fast, enabled=False)
+    assert sum(_saved_numels(lambda: fast(pixels))) == kept["relpos"]
+
+
+def test_no_per_example_window_scores_kept_for_backward():
+    """No (N, N)-ended tensor of B * nW * H * N * N elements (transformers keeps several) is kept by the
+    accelerated model; the per-layer bias (nW * H * N * N) is."""
+    batch = 4
+    model = _model("swinv2", 32, 4)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(batch, 3, 32, 32, dtype=torch.float64)
+    attn = next(m for m in model.modules() if type(m).__name__ == "Swinv2SelfAttention")
+    n = attn.window_size[0] * attn.window_size[1]
+    scores = batch * (16 // 4) ** 2 * attn.num_attention_heads * n * n  # stage 1: 16x16 patches, windows of 4
+
+    def window_sized(net) -> list[int]:
+        return [numel for numel, shape in _saved_shapes(lambda: net(pixels)) if shape[-2:] == (n, n)]
+
+    assert scores in window_sized(model)  # the check can fail: transformers keeps them
+    kept = window_sized(fast)
+    assert kept and max(kept) <= scores // batch  # the bias, once per layer
+
+
+def test_recompute_activations_refuses_bad_models():
+    model = _model("swinv2", 32, 4)
+    with pytest.raises(ValueError, match="accelerate"):
+        rh.recompute_activations(model)  # not accelerated
+    with pytest.raises(ValueError, match="no Swin attention"):
+        rh.recompute_activations(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="enabled"):
+        rh.recompute_activations(rh.accelerate(model), enabled="yes")

@@ -11,6 +11,7 @@ from . import bloom, falcon, mpt  # noqa: F401, E402  (the ALiBi families)
 from . import sam, swin  # noqa: F401, E402  (vision: SAM, SAM-HQ, ViTDet; Swin, Swin V2, Donut Swin)
 from ._family import FAMILIES, Family, find_family
 from .api import accelerate, is_accelerated, restore
+from .swin import recompute_activations
 from .t5 import SUPPORTED_MODEL_TYPES
 
-__all__ = ["FAMILIES", "Family", "SUPPORTED_MODEL_TYPES", "accelerate", "find_family", "is_accelerated", "restore"]
+__all__ = ["FAMILIES", "Family", "SUPPORTED_MODEL_TYPES", "accelerate", "find_family", "is_accelerated", "recompute_activations", "restore"]

@@ -14,6 +14,11 @@ between regions, where Swin V2's paper code adds ``-100`` once); the adapter doe
 outputs equal transformers'. A call that asks for attention weights (``output_attentions``) runs
 transformers' own forward, which computes them. No class is modified and no parameter or buffer
 is added or renamed; :func:`relpos.hf.restore` deletes the instance ``forward``.
+
+:func:`recompute_activations` (opt-in, after ``accelerate``) trades training time for memory: each
+attention branch keeps only its input for the backward (a non-reentrant checkpoint) and each MLP
+only its pre-activation (:class:`_ActLinear`); the layers' MLP modules then get instance
+``forward`` attributes too, removed by ``enabled=False`` or ``restore``.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_bool
 from ..window_attention import window_attention
 from ._family import Family, register
+from .api import is_accelerated
 
-__all__ = ["FAMILY", "SWIN_ATTENTION_CLASSES"]
+__all__ = ["FAMILY", "SWIN_ATTENTION_CLASSES", "recompute_activations"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ _KINDS = {
                                  ("self", "hidden_states", "attention_mask", "output_attentions"), 2, continuous=True),
 }
 SWIN_ATTENTION_CLASSES = tuple(_KINDS)
+_RECOMPUTE_FLAG = "_relpos_recompute"  # instance attribute set by recompute_activations
 
 
 def _table_bias(module: nn.Module) -> torch.Tensor:
@@ -82,10 +91,27 @@ def _heads(module: nn.Module) -> tuple[int, int]:
 
 def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       output_attentions: bool | None = False, **kwargs):
-    """The module's attention on relpos's window path: same inputs, same outputs as transformers'."""
-    kind = _KINDS[type(self).__name__]
+    """The module's attention on relpos's window path: same inputs, same outputs as transformers'.
+
+    After :func:`recompute_activations`, the branch runs in a non-reentrant checkpoint under autograd:
+    only its input (and the layer's mask) is kept for the backward, which recomputes the projections,
+    the cosine normalisation, the bias and the window attention (bitwise the forward's values, so
+    gradients are unchanged).
+    """
     if output_attentions or kwargs.get("output_attentions"):
         return type(self).forward(self, hidden_states, attention_mask, output_attentions=True, **kwargs)
+    if getattr(self, _RECOMPUTE_FLAG, False) and torch.is_grad_enabled():
+        out = checkpoint(_attend, self, hidden_states, attention_mask, use_reentrant=False)  # (B * nW, N, C)
+    else:
+        out = _attend(self, hidden_states, attention_mask)  # (B * nW, N, C)
+    if hasattr(self, "o_proj"):  # SwinAttention projects and returns (output, weights)
+        return self.o_proj(out), None
+    return (out,)
+
+
+def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``(B * nW, N, C) -> (B * nW, N, C)``: projections, bias + mask once per layer, window attention."""
+    kind = _KINDS[type(self).__name__]
     bnw, n, c = hidden_states.shape  # (B * nW, N, C)
     nw = 1 if attention_mask is None else attention_mask.shape[0]
     heads, d = _heads(self)
@@ -105,10 +131,7 @@ def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.T
     dropout = self.dropout.p if dropout is None else dropout
     out = window_attention(q, k, v, bias.to(q.dtype), scale=scale, dropout_p=dropout if self.training else 0.0,
                            training=self.training)  # (B, nW, H, N, d)
-    out = out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C)
-    if hasattr(self, "o_proj"):  # SwinAttention projects and returns (output, weights)
-        return self.o_proj(out), None
-    return (out,)
+    return out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C)
 
 
 def _check(modules: list[nn.Module]) -> None:
@@ -133,10 +156,99 @@ def _apply(model: nn.Module, modules: list[nn.Module]) -> Callable[[], None]:
         module.forward = types.MethodType(_windowed_forward, module)  # instance attribute: this model only
 
     def undo() -> None:
+        _switch_off(model)
         for module in modules:
             del module.forward  # the class's forward shows through again
 
     return undo
+
+
+class _ActLinear(torch.autograd.Function):
+    """``linear(act(h), weight, bias)`` keeping only ``h``: ``act(h)`` is recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, act):  # h (..., F); weight (C, F)
+        ctx.save_for_backward(h, weight)
+        ctx.act, ctx.has_bias = act, bias is not None
+        return F.linear(act(h), weight, bias)  # (..., C)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = h.detach().requires_grad_()
+            g = ctx.act(leaf)  # (..., F), recomputed
+        grad_h = torch.autograd.grad(g, leaf, grad_out @ weight)[0] if ctx.needs_input_grad[0] else None
+        flat = grad_out.reshape(-1, grad_out.shape[-1])  # (M, C)
+        grad_w = flat.t() @ g.detach().reshape(-1, g.shape[-1]) if ctx.needs_input_grad[1] else None  # (C, F)
+        grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # (C,)
+        return grad_h, grad_w, grad_b, None
+
+
+def _pre_activation(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of a layer's ``intermediate`` under recomputation: ``dense`` only (the
+    activation moves into the ``output``'s :class:`_ActLinear`)."""
+    return self.dense(hidden_states)  # (B, L, F)
+
+
+def _activated_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of a layer's ``output``: ``dropout(dense(act(h)))`` keeping only ``h``."""
+    return self.dropout(_ActLinear.apply(hidden_states, self.dense.weight, self.dense.bias, self._relpos_act))
+
+
+def _swin_mlp(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Instance ``forward`` of Swin's ``SwinMLP`` under recomputation: ``fc2(act(fc1(x)))`` keeping ``fc1(x)``."""
+    return _ActLinear.apply(self.fc1(hidden_states), self.fc2.weight, self.fc2.bias, self.activation_fn)  # (B, L, C)
+
+
+def _mlp_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """(intermediate, output) of every Swin layer whose MLP is ``dense -> act`` then ``dense -> dropout``."""
+    pairs = []
+    for layer in model.modules():
+        inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
+        if (type(inter).__name__.endswith("Intermediate") and all(hasattr(inter, a) for a in ("dense", "intermediate_act_fn"))
+                and all(hasattr(out, a) for a in ("dense", "dropout")) and callable(inter.intermediate_act_fn)):
+            pairs.append((inter, out))
+    return pairs
+
+
+def _switch_off(model: nn.Module) -> None:
+    for module in model.modules():
+        if module.__dict__.pop(_RECOMPUTE_FLAG, None) and type(module).__name__ not in _KINDS:
+            module.__dict__.pop("forward", None)  # an MLP module: the class's forward again
+            module.__dict__.pop("_relpos_act", None)
+
+
+def recompute_activations(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Trade time for memory in training: keep only each window attention's and MLP activation's input.
+
+    ``model`` must be accelerated (:func:`relpos.hf.accelerate`). With ``enabled``, every Swin /
+    Swin V2 / Donut Swin attention branch recomputes its projections, normalisation, bias and window
+    attention in the backward instead of keeping them, and each MLP keeps its pre-activation only
+    (the activation is recomputed); outputs and gradients are unchanged (tested against the
+    unmodified models). Measured on a Swin V2 tiny-like model (docs/bench-swin.md).
+    ``enabled=False`` or :func:`relpos.hf.restore` removes it.
+    """
+    enabled = check_bool("enabled", enabled)
+    modules = [m for m in model.modules() if type(m).__name__ in _KINDS] if isinstance(model, nn.Module) else []
+    if not modules or not is_accelerated(model):
+        raise ValueError(f"model must be a Swin, Swin V2 or Donut Swin model after relpos.hf.accelerate(model), "
+                         f"got {type(model).__name__}{'' if modules else ' (no Swin attention modules)'}: accelerate it first")
+    _switch_off(model)
+    if not enabled:
+        return model
+    for module in modules:
+        setattr(module, _RECOMPUTE_FLAG, True)
+    for mlp in [m for m in model.modules() if all(hasattr(m, a) for a in ("fc1", "fc2", "activation_fn"))]:
+        mlp.forward = types.MethodType(_swin_mlp, mlp)  # Swin V1's SwinMLP
+        setattr(mlp, _RECOMPUTE_FLAG, True)
+    for inter, out in _mlp_pairs(model):
+        inter.forward = types.MethodType(_pre_activation, inter)
+        out.__dict__["_relpos_act"] = inter.intermediate_act_fn  # a plain attribute, not a registered submodule
+        out.forward = types.MethodType(_activated_output, out)
+        setattr(inter, _RECOMPUTE_FLAG, True)
+        setattr(out, _RECOMPUTE_FLAG, True)
+    return model
 
 
 FAMILY = register(
