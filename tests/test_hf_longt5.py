@@ -1,5 +1,5 @@
-"""relpos.hf.accelerate on LongT5 (its decoder's T5 bias on relpos; the encoder's local and transient-global
-attention stay transformers'), against transformers' own model with the same weights; no downloads."""
+"""relpos.hf.accelerate on LongT5 (the decoder's T5 bias per offset; the encoder's local and transient-global
+attention as banded tiles), against transformers' own model with the same weights; no downloads."""
 
 import pytest
 import torch
@@ -8,6 +8,7 @@ transformers = pytest.importorskip("transformers")
 
 import hf_checks  # noqa: E402
 import relpos.hf as rh  # noqa: E402
+import relpos.hf.longt5 as longt5  # noqa: E402
 
 SMALL = dict(
     vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, local_radius=4,
@@ -21,7 +22,7 @@ def pair(model_class=transformers.LongT5ForConditionalGeneration, **overrides):
     return hf_checks.make_pair(model_class(transformers.LongT5Config(**{**SMALL, **overrides})))
 
 
-def padded(b=3, length=40, target=30):
+def padded(b=3, length=90, target=30):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(2, SMALL["vocab_size"], (b, length), generator=g)
     mask = torch.ones(b, length, dtype=torch.long)
@@ -57,9 +58,94 @@ def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
     )
 
 
-def test_the_encoder_model_is_refused_naming_the_families():
+# block_len 5 and global_block_size 4: 90 tokens are 18 blocks and 22 global tokens, so the global tokens'
+# offsets pass max_distance 16 (the window's offsets, at most 4, stay in the exact buckets)
+
+
+@pytest.mark.parametrize("attention_type", ["local", "transient-global"])
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+def test_the_encoder_model_equals_transformers_every_position_and_gradient(monkeypatch, attention_type, chunk):
+    if chunk is not None:  # chunks of 1 and 3 blocks: clean chunks (one broadcast bias) beside padded ones
+        monkeypatch.setattr(longt5, "_CHUNK_ELEMENTS", chunk * 3 * 4 * 5 * (15 + 22))
+    reference, accelerated = pair(transformers.LongT5EncoderModel, encoder_attention_type=attention_type)
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    weight = torch.randn(3, 90, SMALL["d_model"], generator=torch.Generator().manual_seed(5))
+    real = inputs["attention_mask"].bool()
+    outputs = []
+    for model in (reference, accelerated):
+        model.train()
+        model.zero_grad()
+        hidden = model(**inputs).last_hidden_state
+        (hidden * weight)[real].sum().backward()
+        outputs.append((hidden.detach(), hf_checks.grads(model)))
+    (h1, g1), (h2, g2) = outputs
+    assert hf_checks.close(h1, h2, 1e-4)  # padded positions too: their rows average their window, as in transformers
+    assert g1.keys() == g2.keys() and any("global_relative_attention_bias" in n for n in g1) == (attention_type != "local")
+    for name in g1:
+        assert hf_checks.close(g1[name], g2[name], 1e-4), name
+    hf_checks.bias_matters(accelerated, inputs, out_key="last_hidden_state")
+
+
+@pytest.mark.parametrize("attention_type", ["local", "transient-global"])
+def test_the_blocked_attention_never_runs_transformers_code_and_passes_the_bias_per_block(monkeypatch, attention_type):
+    reference, accelerated = pair(transformers.LongT5Model, encoder_attention_type=attention_type)
+    blocked = [m for m in accelerated.modules() if type(m).__name__ in longt5._LOCAL_CLASSES]
+    assert len(blocked) == 2 and all("forward" in vars(m) for m in blocked)
+    seen = []
+
+    def spy(module, args, output):
+        seen.append(output[1])
+
+    for module in blocked:
+        module.register_forward_hook(spy)
+        monkeypatch.setattr(type(module), "forward", lambda *a, **k: (_ for _ in ()).throw(AssertionError("dense")))
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with torch.no_grad():
+        accelerated(**inputs, decoder_input_ids=inputs["input_ids"][:, :7])
+    assert len(seen) == 2 and seen[0] is seen[1] and isinstance(seen[0], longt5.BlockBias)
+    assert seen[0].local.shape == (SMALL["num_heads"], 5, 15)  # (H, block_len, 3 block_len): no (B, H, L, L)
+    assert (seen[0].side_table is None) == (attention_type == "local")
+
+
+@pytest.mark.parametrize("head", ["LongT5Model", "LongT5EncoderModel"])
+def test_every_head_equals_transformers(head):
+    reference, accelerated = pair(getattr(transformers, head), encoder_attention_type="transient-global")
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    if head == "LongT5Model":
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :11]
+    with torch.no_grad():
+        a, b = reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state
+    assert hf_checks.close(a, b, 1e-4)
+    rh.restore(accelerated)
+    assert not any("forward" in vars(m) for m in accelerated.modules())
+    with torch.no_grad():
+        assert torch.equal(reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state)
+
+
+def test_encoder_bf16_dropout_and_output_attentions():
+    reference, accelerated = pair(transformers.LongT5EncoderModel, encoder_attention_type="transient-global")
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs, out_key="last_hidden_state")
+    with torch.no_grad():
+        a = reference(**inputs, output_attentions=True)
+        b = accelerated(**inputs, output_attentions=True)  # transformers' own blocked forward for that call
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.attentions, b.attentions)) and len(b.attentions) == 2
+    _, dropped = pair(transformers.LongT5EncoderModel, dropout_rate=0.3)
+    dropped.train()
+    torch.manual_seed(1)
+    hidden = dropped(**inputs).last_hidden_state
+    hidden.sum().backward()
+    dropped.eval()
+    with torch.no_grad():
+        assert not torch.allclose(hidden, dropped(**inputs).last_hidden_state)
+    assert all(torch.isfinite(p.grad).all() for p in dropped.parameters() if p.grad is not None)
+
+
+def test_a_blocked_module_that_does_not_fit_is_refused_before_any_change(monkeypatch):
     torch.manual_seed(0)
-    encoder = transformers.LongT5EncoderModel(transformers.LongT5Config(**SMALL))
-    with pytest.raises(TypeError, match="LongT5.*got LongT5EncoderModel with model_type='longt5' holding none"):
-        rh.accelerate(encoder)
-    assert not rh.is_accelerated(encoder)
+    model = transformers.LongT5EncoderModel(transformers.LongT5Config(**SMALL))
+    module = next(m for m in model.modules() if type(m).__name__ == "LongT5LocalAttention")
+    monkeypatch.setattr(type(module), "forward", lambda self, hidden_states, mask=None: hidden_states)
+    with pytest.raises(RuntimeError, match="LongT5LocalAttention.*forward\\(hidden_states, mask, position_bias"):
+        rh.accelerate(model)
+    assert not rh.is_accelerated(model) and model.config._attn_implementation != "relpos"
