@@ -149,3 +149,13 @@ def test_a_blocked_module_that_does_not_fit_is_refused_before_any_change(monkeyp
     with pytest.raises(RuntimeError, match="LongT5LocalAttention.*forward\\(hidden_states, mask, position_bias"):
         rh.accelerate(model)
     assert not rh.is_accelerated(model) and model.config._attn_implementation != "relpos"
+
+
+def test_the_benchmark_measures_both_encoder_types_without_a_floor():
+    """LongT5's encoder attention is not transformers' attention interface: swapping it would not remove the bias."""
+    from relpos.hf import bench
+
+    for name in ("longt5", "longt5-tglobal"):
+        assert bench._variant_names(bench.BUILDERS[name]) == ("hf_eager", "relpos")
+    model = bench.BUILDERS["longt5-tglobal"].build("forward", bench.ModelBenchConfig(d_model=32, heads=2, layers=1))
+    assert model.config.encoder_attention_type == "transient-global"
