@@ -114,3 +114,12 @@ def test_a_layout_bias_that_is_not_per_tile_keeps_transformers_dense_build():
     inputs = {k: v for k, v in padded().items() if k != "labels"}
     with torch.no_grad():
         assert hf_checks.close(reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state, 1e-5)
+
+
+def test_a_layout_bias_module_that_does_not_fit_is_refused_before_any_change():
+    torch.manual_seed(0)
+    model = transformers.UdopEncoderModel(transformers.UdopConfig(**SMALL))
+    del model.encoder.relative_bias.biases[1].scaling_factor
+    with pytest.raises(RuntimeError, match="RelativePositionBiasAggregated.*lacks \\['scaling_factor'\\]"):
+        rh.accelerate(model)
+    assert not rh.is_accelerated(model) and model.config._attn_implementation != "relpos"

@@ -141,9 +141,29 @@ def _aggregators(model: nn.Module) -> list[tuple[nn.Module, object]]:
             if type(m.__dict__.get("_modules", {}).get("relative_bias")).__name__ == "RelativePositionBiasAggregated"]
 
 
+_COMPONENT_ATTRIBUTES = ("relative_attention_bias", "relative_attention_num_buckets", "max_distance", "bidirectional",
+                         "scaling_factor", "prefix_bucket", "augmentation")
+
+
+def _check_aggregators(aggregators: list[tuple[nn.Module, object]]) -> None:
+    """Each layout-bias component has what :func:`_component` reads (checked before any change)."""
+    for module, _ in aggregators:
+        for part in getattr(module, "biases", [None]):
+            missing = [a for a in _COMPONENT_ATTRIBUTES if not hasattr(part, a)]
+            if missing:
+                import transformers
+
+                raise RuntimeError(
+                    f"relpos.hf.accelerate does not fit UDOP's RelativePositionBiasAggregated of the installed "
+                    f"transformers {transformers.__version__}: a component lacks {missing}. Upgrade transformers, "
+                    "or run the model unaccelerated."
+                )
+
+
 def _apply(model: nn.Module, modules: list[nn.Module]):
-    undo_base = _BASE.apply(model, modules)
     aggregators = _aggregators(model)
+    _check_aggregators(aggregators)
+    undo_base = _BASE.apply(model, modules)
     for module, config in aggregators:
         module._relpos_config = config  # a plain attribute: no parameter, buffer or state_dict entry
         module.forward = types.MethodType(_aggregated_forward, module)  # instance attribute: this model only
