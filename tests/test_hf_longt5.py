@@ -159,3 +159,17 @@ def test_the_benchmark_measures_both_encoder_types_without_a_floor():
         assert bench._variant_names(bench.BUILDERS[name]) == ("hf_eager", "relpos")
     model = bench.BUILDERS["longt5-tglobal"].build("forward", bench.ModelBenchConfig(d_model=32, heads=2, layers=1))
     assert model.config.encoder_attention_type == "transient-global"
+
+
+def test_gradient_checkpointing_equal_and_reentrant_refused():
+    """Non-reentrant checkpointing (transformers' default): gradients equal. A reentrant checkpoint would hand
+    layer 1 a bias cut from layer 0's tables: refused (the encoder alone too, which has no decoder to catch it)."""
+    reference, accelerated = pair(transformers.LongT5ForConditionalGeneration, encoder_attention_type="transient-global")
+    accelerated.gradient_checkpointing_enable()
+    hf_checks.forward_loss_and_gradients(reference, accelerated, padded())
+    _, encoder = pair(transformers.LongT5EncoderModel)
+    encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    encoder.train()
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with pytest.raises(RuntimeError, match="use_reentrant=True"):
+        encoder(**inputs).last_hidden_state.sum().backward()

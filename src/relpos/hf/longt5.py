@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..buckets import relative_position_bucket
-from ._attention import NAME
+from ._attention import NAME, _check_checkpointed_gradient
 from ._family import Family, register
 from ._t5like import t5_like_family
 
@@ -72,10 +72,18 @@ class BlockBias:
         local: ``(H, block_len, 3 * block_len)``: layer 0's T5 bias per (query, key) of a block's window.
         side_table: layer 0's ``global_relative_attention_bias`` weight ``(num_buckets, H)`` (transient-global),
             else ``None``.
+        table: layer 0's ``relative_attention_bias`` weight, to check that gradients still reach it in the layers
+            it is handed to (a reentrant gradient checkpoint would cut them).
     """
 
     local: torch.Tensor
     side_table: torch.Tensor | None = None
+    table: torch.Tensor | None = None
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The tensor derived from ``table`` (what the checkpoint check reads)."""
+        return self.local
 
 
 def _buckets(module: nn.Module, relative: torch.Tensor) -> torch.Tensor:
@@ -212,7 +220,9 @@ def _block_forward(self, hidden_states, mask=None, position_bias=None, output_at
             side = self.global_relative_attention_bias.weight if self.has_relative_attention_bias else None
             if side is None:  # no table and no bias handed down: transformers' zeros
                 side = torch.zeros(self.relative_attention_num_buckets, self.n_heads, device=hidden_states.device)
-        position_bias = BlockBias(local_bias(self), side)
+        table = self.relative_attention_bias.weight if self.has_relative_attention_bias else None
+        position_bias = BlockBias(local_bias(self), side, table)
+    _check_checkpointed_gradient(position_bias)
     out = _attend_blocks(self, hidden_states, mask, position_bias)  # (B, L, H d)
     return self.o(out), position_bias
 
