@@ -184,7 +184,7 @@ def _attend_blocks(module, hidden: torch.Tensor, mask, bias: BlockBias) -> torch
             attn_mask = near.expand(batch, c, heads, bl, 3 * bl)  # (B, c, H, bl, 3 bl), stride 0 over B, c
         else:
             attn_mask = raw + torch.where(m.transpose(1, 2), 0.0, _MASKED).to(raw.dtype)  # (B, c, H, bl, 3 bl)
-        if transient:
+        if transient and globals_:  # (a sequence shorter than global_block_size has no global token)
             rows = slice(start * bl, stop * bl)
             side = _side_mask(module, bias, block_ids[:, rows], real[:, rows], segments)  # (B, H, c bl, G)
             side = side.reshape(batch, heads, c, bl, globals_).transpose(1, 2).to(near.dtype)  # (B, c, H, bl, G)
