@@ -123,3 +123,12 @@ def test_a_layout_bias_module_that_does_not_fit_is_refused_before_any_change():
     with pytest.raises(RuntimeError, match="RelativePositionBiasAggregated.*lacks \\['scaling_factor'\\]"):
         rh.accelerate(model)
     assert not rh.is_accelerated(model) and model.config._attn_implementation != "relpos"
+
+
+def test_the_per_tile_layout_bias_compiles_fullgraph():
+    reference, accelerated = pair(transformers.UdopEncoderModel)
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        got = torch.compile(accelerated, fullgraph=True)(**inputs).last_hidden_state
+    assert hf_checks.close(expected, got, 1e-4)
