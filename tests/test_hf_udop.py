@@ -110,7 +110,8 @@ def test_a_layout_bias_that_is_not_per_tile_keeps_transformers_dense_build():
     """augmentation (random rescaling in training) and prefix buckets: transformers' own build, same outputs."""
     torch.manual_seed(0)
     args = [dict(a, prefix_bucket=True) if a["type"] == "horizontal" else a for a in SMALL["relative_bias_args"]]
-    reference, accelerated = hf_checks.make_pair(transformers.UdopEncoderModel(transformers.UdopConfig(**dict(SMALL, relative_bias_args=args))))
+    config = transformers.UdopConfig(**dict(SMALL, relative_bias_args=args))
+    reference, accelerated = hf_checks.make_pair(transformers.UdopEncoderModel(config))
     inputs = {k: v for k, v in padded().items() if k != "labels"}
     with torch.no_grad():
         assert hf_checks.close(reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state, 1e-5)

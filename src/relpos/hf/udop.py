@@ -92,7 +92,9 @@ class LayoutBias:
         """``(B, H, L, d)``: attention of every query tile with its bias tile and the padding ``key_mask`` (B, L)."""
         batch, heads, length, _ = query.shape
         size = max(1, _TILE_ELEMENTS // (batch * heads * length))
-        blocked = None if key_mask is None else torch.where(key_mask, 0.0, torch.finfo(query.dtype).min)[:, None, None].to(query.dtype)  # (B, 1, 1, L)
+        blocked = None  # (B, 1, 1, L): the padding, added to each tile's bias
+        if key_mask is not None:
+            blocked = torch.where(key_mask, 0.0, torch.finfo(query.dtype).min)[:, None, None].to(query.dtype)
         outputs = []
         for start in range(0, length, size):
             bias = self.tile(start, min(length, start + size)).to(query.dtype)  # (B, H, T, L)
