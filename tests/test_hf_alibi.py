@@ -255,15 +255,17 @@ def test_the_bias_is_relpos_alibi_per_offset_and_never_dense(family, monkeypatch
     assert torch.equal(slopes, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_low_precision_within_transformers_own_error(family):
+def test_low_precision_within_transformers_own_error(family, dtype):
     reference, accelerated = pair(family)
     ids, mask, _ = batch()
     real = mask.bool()
     with torch.no_grad():
         exact = reference(input_ids=ids, attention_mask=mask).logits[real]
-        theirs = reference.to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits.float()[real]
-        ours = accelerated.to(torch.bfloat16)(input_ids=ids, attention_mask=mask).logits.float()[real]
+        theirs = reference.to(dtype)(input_ids=ids, attention_mask=mask).logits.float()[real]
+        ours = accelerated.to(dtype)(input_ids=ids, attention_mask=mask).logits.float()[real]
+    assert torch.isfinite(theirs).all()
     assert torch.isfinite(ours).all()
     assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max()
 

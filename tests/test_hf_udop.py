@@ -1,5 +1,5 @@
 """relpos.hf.accelerate on UDOP (text + layout boxes + image), against transformers' own model with the same
-weights; small configs, random weights, no downloads. The encoder's layout bias stays dense (see hf/udop.py)."""
+weights; small configs, random weights, no downloads. The encoder's 1D + layout bias is built per query tile."""
 
 import pytest
 import torch
@@ -69,9 +69,67 @@ def test_encoder_model_and_layout_bias_matters():
 def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
     reference, accelerated = pair()
     inputs = padded()
-    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 2, "dense": 2, "none": 2}  # decoder per offset; the encoder's layout bias dense (stated); cross-attention none
+    assert hf_checks.bias_forms(accelerated, inputs) == {"offsets": 2, "dense": 0, "none": 2}  # decoder per offset; cross-attention none; the encoder: below
     hf_checks.switch_implementations(reference, accelerated, inputs)
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
     hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, inputs)
     hf_checks.restore_gives_transformers_back(reference, accelerated, inputs)
     hf_checks.config_output_attentions(transformers.UdopForConditionalGeneration, transformers.UdopConfig(**SMALL), inputs)
+
+
+@pytest.mark.parametrize("tile", [None, 7])
+def test_the_layout_bias_is_built_per_query_tile_never_dense(monkeypatch, tile):
+    """The encoder's attention gets a LayoutBias and runs it tile by tile (tiles of 7 queries: 6 tiles of 40);
+    transformers' dense build is never called; outputs and every gradient equal transformers'."""
+    import relpos.hf.udop as udop
+
+    if tile is not None:
+        monkeypatch.setattr(udop, "_TILE_ELEMENTS", 3 * SMALL["num_heads"] * 40 * tile)
+    reference, accelerated = pair()
+    inputs = padded()
+    tiles = []
+    real_tile = udop.LayoutBias.tile
+    monkeypatch.setattr(udop.LayoutBias, "tile", lambda self, a, b: tiles.append(b - a) or real_tile(self, a, b))
+    dense = transformers.models.udop.modeling_udop.RelativePositionBiasAggregated
+    real_forward, ours = dense.forward, set(accelerated.modules())
+
+    def forward(self, *args, **kwargs):
+        assert self not in ours, "transformers' dense layout bias was built for the accelerated model"
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(dense, "forward", forward)
+    hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
+    assert tiles and max(tiles) == (40 if tile is None else tile) and len(tiles) % 2 == 0  # 2 encoder layers
+    grads = dict(accelerated.named_parameters())
+    tables = ["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]  # the 1D table, tied to layer 0's
+    tables += [f"encoder.relative_bias.biases.{i}.relative_attention_bias.weight" for i in (1, 2)]  # x and y
+    assert all(grads[name].grad.abs().sum() > 0 for name in tables)
+
+
+def test_a_layout_bias_that_is_not_per_tile_keeps_transformers_dense_build():
+    """augmentation (random rescaling in training) and prefix buckets: transformers' own build, same outputs."""
+    torch.manual_seed(0)
+    args = [dict(a, prefix_bucket=True) if a["type"] == "horizontal" else a for a in SMALL["relative_bias_args"]]
+    config = transformers.UdopConfig(**dict(SMALL, relative_bias_args=args))
+    reference, accelerated = hf_checks.make_pair(transformers.UdopEncoderModel(config))
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with torch.no_grad():
+        assert hf_checks.close(reference(**inputs).last_hidden_state, accelerated(**inputs).last_hidden_state, 1e-5)
+
+
+def test_a_layout_bias_module_that_does_not_fit_is_refused_before_any_change():
+    torch.manual_seed(0)
+    model = transformers.UdopEncoderModel(transformers.UdopConfig(**SMALL))
+    del model.encoder.relative_bias.biases[1].scaling_factor
+    with pytest.raises(RuntimeError, match="RelativePositionBiasAggregated.*lacks \\['scaling_factor'\\]"):
+        rh.accelerate(model)
+    assert not rh.is_accelerated(model) and model.config._attn_implementation != "relpos"
+
+
+def test_the_per_tile_layout_bias_compiles_fullgraph():
+    reference, accelerated = pair(transformers.UdopEncoderModel)
+    inputs = {k: v for k, v in padded().items() if k != "labels"}
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        got = torch.compile(accelerated, fullgraph=True)(**inputs).last_hidden_state
+    assert hf_checks.close(expected, got, 1e-4)

@@ -87,8 +87,8 @@ def OWNS_BIAS(module: nn.Module) -> bool:  # noqa: N802 - reads like the attribu
 
 def _bias(module: nn.Module, position_bias):
     """What relpos adds to the scores: a per-offset bias, a dense tensor, or None."""
-    if isinstance(position_bias, OffsetBias):
-        return position_bias
+    if isinstance(position_bias, OffsetBias) or hasattr(position_bias, "attend"):
+        return position_bias  # per offset, or a bias built per query tile (UDOP's layout bias)
     if isinstance(position_bias, torch.Tensor) and not _is_cross_attention(module):
         return position_bias  # a dense bias (a model switched to "relpos" without accelerate): correct, not fast
     return None  # cross-attention's zeros placeholder: adds nothing
@@ -136,6 +136,11 @@ def relpos_attention_forward(
 ):
     """transformers attention function: ``(B, H, L, d)`` inputs -> ``((B, Lq, H, d) output, weights or None)``."""
     bias = _bias(module, position_bias)
+    if hasattr(bias, "attend"):  # a bias built per query tile: it runs its own tiles with the padding mask
+        key_mask = None if attention_mask is None else _key_mask(attention_mask, key.shape[-2])
+        if (attention_mask is None or key_mask is not None) and not _wants_weights(module, kwargs):
+            return bias.attend(query, key, value, key_mask, dropout, scaling).transpose(1, 2).contiguous(), None
+        bias = bias.dense()  # (B, H, Lq, Lk): weights requested, or a mask that is no padding mask
     _check_checkpointed_gradient(bias)
     query_length, key_length = query.shape[-2], key.shape[-2]
     causal = bool(getattr(module, "is_causal", False))  # decoder self-attention; queries are the last Lq positions

@@ -72,7 +72,9 @@ class Builder:
     ``decoder_only``: generation pads on the left; ``sdpa``: transformers has an sdpa path; ``alibi``:
     an ALiBi family (no attention interface: its floor swaps relpos's attention for plain SDPA);
     ``extra(batch, length)``: further inputs the model needs (UDOP's boxes); ``generate``: False
-    where ``generate`` needs inputs this benchmark does not make (Pop2Piano's audio features).
+    where ``generate`` needs inputs this benchmark does not make (Pop2Piano's audio features); ``floor``:
+    False where swapping the attention function would not remove the bias (LongT5's encoder attention does not
+    go through transformers' attention interface).
     """
 
     build: Callable
@@ -81,6 +83,7 @@ class Builder:
     alibi: bool = False
     extra: Callable | None = None
     generate: bool = True
+    floor: bool = True
 
 
 def _floor_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -184,12 +187,15 @@ BUILDERS: dict[str, Builder] = {
     "pop2piano": Builder(_pop2piano, generate=False),
     "pix2struct": Builder(_pix2struct, decoder_only=True, generate=False),
     "udop": Builder(_seq2seq("UdopConfig", "UdopEncoderModel", "UdopForConditionalGeneration"), extra=_udop_boxes),
-    "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False),
+    "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False,
+                      floor=False),  # local attention (transformers' default): local_radius 127, blocks of 128
+    "longt5-tglobal": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration",
+                                       encoder_attention_type="transient-global"), sdpa=False, floor=False),
 }
 
 
 def _variant_names(builder: Builder) -> tuple[str, ...]:
-    return tuple(v for v in VARIANTS if builder.sdpa or v != "hf_sdpa")
+    return tuple(v for v in VARIANTS if (builder.sdpa or v != "hf_sdpa") and (builder.floor or v != "no_bias_floor"))
 
 
 def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
