@@ -30,6 +30,7 @@ from torch import nn
 from ._checks import (
     check_bool, check_choice, check_device, check_dtype, check_int, check_probability, check_real, check_scale, check_tensor,
 )
+from ._denormals import flushing
 from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
 from .windows import normalize_window_size
 
@@ -134,9 +135,10 @@ class _WindowSDPA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, scale):  # q, k, v (G, M, N, d); bias (1, M, N, N) broadcast over G
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias, scale=scale
-        )[:2]  # (G, M, N, d), (G, M, N)
+        with flushing(q):  # a shift mask of -100 puts probabilities in the denormal range (relpos._denormals)
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, False, attn_mask=bias, scale=scale
+            )[:2]  # (G, M, N, d), (G, M, N)
         ctx.save_for_backward(q, k, v, bias, out, lse)
         ctx.scale = scale
         return out
@@ -147,11 +149,12 @@ class _WindowSDPA(torch.autograd.Function):
         wide = torch.promote_types(bias.dtype, torch.float32)  # bf16 sums in fp32
         need_bias = ctx.needs_input_grad[3]
         step = max(1, _CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2]))
-        chunks = [
-            _window_grads(q[i : i + step], k[i : i + step], v[i : i + step], bias, out[i : i + step],
-                          lse[i : i + step], grad_out[i : i + step].contiguous(), ctx.scale, need_bias, wide)
-            for i in range(0, q.shape[0], step)
-        ]
+        with flushing(q):
+            chunks = [
+                _window_grads(q[i : i + step], k[i : i + step], v[i : i + step], bias, out[i : i + step],
+                              lse[i : i + step], grad_out[i : i + step].contiguous(), ctx.scale, need_bias, wide)
+                for i in range(0, q.shape[0], step)
+            ]
         grad_q, grad_k, grad_v = (c[0] if len(chunks) == 1 else torch.cat(c) for c in list(zip(*chunks))[:3])
         grad_bias = None
         if need_bias:
