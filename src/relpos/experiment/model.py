@@ -87,15 +87,25 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         head_dim = config.dim // config.heads
+        # The shared layers draw from the generator first, the encoding's own parameters after them:
+        # under one seed every model starts from the same embeddings, attention and MLP weights,
+        # whatever extra parameters its encoding has (a learned table, T5's buckets, Shaw's vectors).
         self.embed = nn.Embedding(config.vocab, config.dim)
+        self.blocks = nn.ModuleList(Block(config, None) for _ in range(config.layers))
+        self.norm = nn.RMSNorm(config.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
         scope = registry.get(config.encoding).scope
         self.absolute = _build(config, head_dim) if scope == "input" else None
         self.position = _build(config, head_dim) if scope == "shared" else None
-        self.blocks = nn.ModuleList(  # a per-layer encoding (Shaw, forgetting gates, CoPE) is built for each block
-            Block(config, _build(config, head_dim) if scope == "layer" else self.position) for _ in range(config.layers)
-        )
-        self.norm = nn.RMSNorm(config.dim)
-        nn.init.normal_(self.embed.weight, std=0.02)
+        for block in self.blocks:  # a per-layer encoding (Shaw, forgetting gates, CoPE) is built for each block
+            position = _build(config, head_dim) if scope == "layer" else self.position
+            block.attn._check_position(position)
+            block.attn.position = position
+
+    def shared_parameters(self) -> dict[str, torch.Tensor]:
+        """The parameters every encoding's model has (all but the encoding's own), by name."""
+        own = ("absolute.", "position.")
+        return {n: p for n, p in self.named_parameters() if not n.startswith(own) and ".attn.position." not in n}
 
     def max_length(self) -> int | None:
         """The longest input this model can represent (``None``: unbounded)."""
