@@ -70,6 +70,10 @@ class TextProblem:
         return {"files": [name for name, _ in self.test_sets[which]],
                 "window_file": {str(n): self._windows[which, n][2] for n in self.lengths}}
 
+    def attention_windows(self, length: int, count: int = 4) -> torch.Tensor:
+        """The first ``count`` held-out windows at ``length`` (the attention diagnostic's input): (n, L)."""
+        return self._windows["main", length][0][:count]
+
     def batch(self, step_seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_batch(self.corpus.train, batch, self.train_len, torch.Generator().manual_seed(step_seed))
 

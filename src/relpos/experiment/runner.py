@@ -30,6 +30,7 @@ import relpos
 from .._io import json_safe, save_torch, write_text
 from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
+from .diagnostics import attention_by_distance
 from .model import LMConfig, TransformerLM
 from .problems import TaskProblem, TextProblem
 from ..buckets import relative_position_bucket
@@ -331,6 +332,11 @@ def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
     return saved["runs"], saved.get("sweep", {})
 
 
+def _plain_rope(lm_config: LMConfig) -> bool:
+    """RoPE at consecutive positions: the model the scaling rows evaluate."""
+    return lm_config.encoding == "rope" and not lm_config.randomized_positions
+
+
 def _fixed_rope_factor(config: RunConfig, problem) -> float:
     """The fixed RoPE factor, set once from the configuration before any evaluation."""
     if config.rope_factor is not None:
@@ -361,7 +367,7 @@ def estimate(config: RunConfig, problem, plan: list[tuple[str, LMConfig]], lrs: 
         validate = time.perf_counter() - began
         began = time.perf_counter()
         evaluate = problem.estimate_eval(model) if hasattr(problem, "estimate_eval") else 0.0
-        rows = 1 + (len(config.rope_scalings) if lm_config.encoding == "rope" else 0)
+        rows = 1 + (len(config.rope_scalings) if _plain_rope(lm_config) else 0)
         seconds = runs * (config.steps * step_time + curve_points * validate) + seeds * rows * evaluate
         per_model[name] = {"step_seconds": step_time, "eval_seconds": evaluate, "seconds": seconds}
         total += seconds
@@ -417,9 +423,11 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     out = pathlib.Path(config.out)
     results_path = out / "results.json"
     previous, previous_sweep = _previous_runs(config, results_path)
+    tokens = getattr(problem, "input_length", lambda n: n)
     plan = models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
-                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing)
-    scalings = config.rope_scalings if any(c.encoding == "rope" for _, c in plan) else ()
+                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
+                  max_positions=max(tokens(n) for n in problem.lengths))
+    scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
     lrs = tuple(config.lrs) or (config.lr,)
     rope_factor = _fixed_rope_factor(config, problem)
     progress = Progress(1, enabled=False)
@@ -446,7 +454,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
             done = previous.get(name, {}).get(key)
             if done is not None and done.get("eval") is not None:
                 report["runs"].setdefault(name, {})[key] = done  # finished in an earlier run
-                for kind in scalings if lm_config.encoding == "rope" else ():
+                for kind in scalings if _plain_rope(lm_config) else ():
                     report["runs"].setdefault(f"rope + {kind}", {})[key] = previous[f"rope + {kind}"][key]
                 progress.step(f"{name} seed {seed}: done earlier", per_model)
                 continue
@@ -460,9 +468,13 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                 buckets = t5_buckets(model, problem.train_len)
                 if buckets is not None:
                     extra["t5_buckets"] = buckets
+                if hasattr(problem, "attention_windows"):
+                    extra["attention"] = {str(n): attention_by_distance(model, problem.attention_windows(n), problem.train_len)
+                                          for n in (problem.lengths[0], problem.lengths[-1])
+                                          if model.max_length() is None or n <= model.max_length()}
                 report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
                 progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
-                if lm_config.encoding == "rope":
+                if _plain_rope(lm_config):
                     for kind in scalings:
                         head_dim = lm_config.dim // lm_config.heads
                         rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731

@@ -40,7 +40,7 @@ __all__ = ["MODELS", "ALL_MODELS", "ROPE_SCALING_ROWS", "models", "ablation_max_
 MODELS: tuple[str, ...] = (*DEFAULT_ENCODINGS[:4], "t5_md128", *DEFAULT_ENCODINGS[4:])
 #: every model name ``--encodings`` accepts: those and the other encodings of relpos.registry
 #: (Kerple, Sandwich, FIRE, xPos, forgetting gates, CoPE)
-ALL_MODELS: tuple[str, ...] = MODELS + tuple(e for e in ENCODINGS if e not in MODELS)
+ALL_MODELS: tuple[str, ...] = MODELS + tuple(e for e in ENCODINGS if e not in MODELS) + ("rope_randomized",)
 
 #: the RoPE scalings evaluated on the trained RoPE model (transformers' rope_type names)
 ROPE_SCALING_ROWS: tuple[str, ...] = ("linear", "dynamic", "yarn", "llama3", "linear-oracle", "yarn-oracle", "llama3-oracle")
@@ -58,11 +58,12 @@ def ablation_max_distance(train_len: int, buckets: tuple[int, ...]) -> int:
 
 def models(
     names: tuple[str, ...], *, dim: int, layers: int, heads: int, train_len: int, vocab: int,
-    buckets: tuple[int, ...] = (), bucketing: tuple[str, ...] = (),
+    buckets: tuple[int, ...] = (), bucketing: tuple[str, ...] = (), max_positions: int | None = None,
 ) -> list[tuple[str, LMConfig]]:
     """(name, model config) of every model a run trains; an ablation replaces the encodings.
 
-    ``train_len`` is the longest input trained on: distances ``0 .. train_len - 1`` are trained.
+    ``train_len`` is the longest input trained on: distances ``0 .. train_len - 1`` are trained;
+    ``max_positions`` (the longest evaluation input) is the range ``rope_randomized`` draws from.
     """
     base = LMConfig(dim=dim, layers=layers, heads=heads, train_len=train_len, vocab=vocab, clip_distance=train_len)
     far = ablation_max_distance(train_len, buckets or (32,))
@@ -74,7 +75,8 @@ def models(
     runs += [(f"t5 {s}", t5(strategy=s)) for s in bucketing]
     if runs:
         return runs
-    special = {"t5": t5, "t5_md128": lambda: t5(max_distance=max(128, far))}
+    special = {"t5": t5, "t5_md128": lambda: t5(max_distance=max(128, far)),
+               "rope_randomized": lambda: base.with_(encoding="rope", randomized_positions=max_positions or train_len)}
     return [(name, special[name]() if name in special else base.with_(encoding=name)) for name in names]
 
 
@@ -121,6 +123,7 @@ def rope_scaling(kind: str, head_dim: int, length: int, train_len: int, fixed_fa
 
 
 _LABELS = {"t5": "T5 bias (max_distance = train length)", "t5_md128": "T5 bias (max_distance 128)",
+           "rope_randomized": "RoPE, randomized positions (Ruoss et al. 2023)",
            "log_decay": "log-decay (fixed)"}
 
 
