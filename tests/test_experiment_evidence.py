@@ -224,3 +224,56 @@ def test_sweep_curves_comparisons_and_resume_across_stages(tmp_path, monkeypatch
         for seed in ("0", "1"):
             for n, e in straight["runs"][name][seed]["eval"].items():
                 assert resumed["runs"][name][seed]["eval"][n]["bits_per_byte"] == pytest.approx(e["bits_per_byte"], abs=1e-5)
+
+
+# --- randomized positions and the attention diagnostic ------------------------------------------
+
+
+def test_randomized_positions_are_sorted_draws_fixed_at_evaluation():
+    from relpos.experiment.model import RandomizedRotary
+
+    plan = dict(models(("rope_randomized",), train_len=16, max_positions=256, **SIZES))
+    config = plan["rope_randomized"]
+    assert config.encoding == "rope" and config.randomized_positions == 256
+    model = TransformerLM(config)
+    rope = model.position
+    assert isinstance(rope, RandomizedRotary) and all(b.attn.position is rope for b in model.blocks)
+    model.train()
+    model(torch.randint(0, 256, (2, 16)))
+    first = rope._positions.clone()
+    model(torch.randint(0, 256, (2, 16)))
+    assert not torch.equal(first, rope._positions) and int(rope.draws) == 2  # a new draw per training batch
+    for p in (first, rope._positions):
+        assert p.numel() == 16 and bool((p[1:] > p[:-1]).all()) and 0 <= int(p.min()) and int(p.max()) < 256
+    model.eval()
+    model(torch.randint(0, 256, (1, 64)))
+    fixed = rope._positions.clone()
+    model(torch.randint(0, 256, (1, 64)))
+    assert torch.equal(fixed, rope._positions) and int(rope.draws) == 2  # evaluation: one fixed draw per length
+    assert model.max_length() == 256
+    # the draw counter is saved with the model, so a resumed run continues the same sequence of draws
+    again = TransformerLM(config)
+    again.load_state_dict(model.state_dict())
+    assert int(again.position.draws) == 2
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.randint(0, 256, (1, 300)))
+    with pytest.raises(ValueError, match="randomized_positions"):
+        LMConfig(encoding="alibi", randomized_positions=8)
+
+
+def test_attention_by_distance_on_uniform_attention():
+    from relpos.experiment.diagnostics import attention_by_distance
+
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(encoding="none", train_len=8, **SIZES))
+    for block in model.blocks:  # zero queries and keys: every query spreads evenly over the keys it sees
+        block.attn.qkv.weight.data[: 2 * SIZES["dim"]] = 0
+    length = 32
+    before = [b.attn.backend for b in model.blocks]
+    got = attention_by_distance(model, torch.randint(0, 256, (2, length)), train_len=8)
+    i = torch.arange(length, dtype=torch.float64)
+    share = torch.stack([(1 / (i[d:] + 1)).sum() / length for d in range(length)])  # fp64 formula
+    for (lo, hi), value in zip(got["bins"], got["share"]):
+        assert value == pytest.approx(float(share[lo:hi].sum()), abs=1e-6)
+    assert got["past_training"] == pytest.approx(float(share[8:].sum()), abs=1e-6)
+    assert [b.attn.backend for b in model.blocks] == before  # the eager path was only borrowed
