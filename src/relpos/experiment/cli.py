@@ -48,9 +48,10 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--preset", choices=sorted(presets), default="default",
                         help="size of the run: default (about ten minutes on 2 cores), reference (the committed evidence, "
                              "about two hours: see --estimate-only), full (longer), smoke (seconds); docs/extrapolate.md")
-    parser.add_argument("--encodings", default=",".join(MODELS),
+    parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
-                             f"default: {', '.join(MODELS)})")
+                             f"rope_randomized: RoPE at randomized positions, Ruoss et al. 2023; default: {', '.join(MODELS)}; "
+                             "the reference preset adds rope_randomized)")
     parser.add_argument("--rope-scalings", default=",".join(ROPE_SCALING_ROWS),
                         help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
                              f"from: {', '.join(ROPE_SCALING_ROWS)}")
@@ -131,7 +132,9 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         if not (math.isfinite(args.rope_factor) and args.rope_factor >= 1):
             raise ValueError(f"--rope-factor must be a finite number >= 1, got {args.rope_factor}")
         preset["rope_factor"] = args.rope_factor
-    return dict(preset, encodings=_check_models(args.encodings), rope_scalings=scalings, out=args.out,
+    encodings = args.encodings if args.encodings is not None else ",".join(preset.pop("encodings", MODELS))
+    preset.pop("encodings", None)
+    return dict(preset, encodings=_check_models(encodings), rope_scalings=scalings, out=args.out,
                 checkpoint_every=args.checkpoint_every, resume=args.resume, plot=not args.no_plot,
                 progress=not args.no_progress, preset=args.preset)
 

@@ -52,12 +52,17 @@ class TextProblem:
     metric, higher_is_better, vocab = "bits_per_byte", False, 256
 
     def __init__(self, corpus: Corpus, *, train_len: int, multipliers: tuple[int, ...], eval_tokens: int,
-                 second: Corpus | None = None, second_tokens: int | None = None, val_windows: int = 32) -> None:
+                 second: Corpus | None = None, second_tokens: int | None = None, val_windows: int = 64) -> None:
         self.corpus, self.train_len, self.eval_tokens = corpus, train_len, eval_tokens
         self.second, self.val_windows = second, val_windows
         self.lengths = [train_len * m for m in multipliers]
         self.trained_lengths = [train_len]
         self.test_sets = {"main": corpus.test, **({"second": second.test} if second is not None else {})}
+        val = corpus.val
+        count = max(1, min(val_windows, (val.numel() - 1) // train_len))
+        starts = torch.linspace(0, val.numel() - train_len - 1, count).long()  # (N,) evenly spread
+        window = val[starts[:, None] + torch.arange(train_len + 1)[None, :]].long()  # (N, L + 1)
+        self._validation = (window[:, :-1], window[:, 1:])
         budget = {"main": eval_tokens, "second": second_tokens or eval_tokens}
         self._windows = {(which, n): file_windows(files, n, budget[which])
                          for which, files in self.test_sets.items() for n in self.lengths}
@@ -79,11 +84,11 @@ class TextProblem:
 
     @torch.no_grad()
     def validate(self, model: TransformerLM) -> float:
-        """In-distribution validation: bits per byte on the validation files' first ``val_windows``
-        windows at the training length (learning curves and the learning-rate choice)."""
+        """In-distribution validation: bits per byte on ``val_windows`` windows at the training length
+        spread evenly over the validation files (learning curves and the learning-rate choice)."""
         model.eval()
         device = next(model.parameters()).device
-        x, y = eval_windows(self.corpus.val, self.train_len, self.val_windows)  # (N, L) each
+        x, y = self._validation  # (N, L) each
         nats = F.cross_entropy(model(x.to(device)).transpose(1, 2), y.to(device))
         model.train()
         return float(nats) / math.log(2)
