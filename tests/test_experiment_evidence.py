@@ -1,6 +1,8 @@
 """The evidence issue: fair task settings, equal shared initial weights, honest RoPE scalings, the
 bootstrap and Holm on known cases, held-out files, and resume across the sweep stage."""
 
+import gzip
+import json
 import math
 
 import pytest
@@ -197,7 +199,15 @@ def test_sweep_curves_comparisons_and_resume_across_stages(tmp_path, monkeypatch
     assert run0["lr"] == chosen and [s for s, _ in run0["curve"]] == [0, 4, 8, 12]
     assert run0["curve"][-1][1] == pytest.approx(straight["sweep"]["t5"][best]["val"])  # the sweep's run is reused
     assert "t5_buckets" in run0 and run0["t5_buckets"]["far_bucket_trained"] is False
-    assert len(run0["eval"]["16"]["windows"]) == len(straight["windows"]["main"]["window_file"]["16"])
+    per_window = json.loads(gzip.decompress((tmp_path / "a" / "windows.json.gz").read_bytes()))
+    owner = straight["windows"]["main"]["window_file"]["16"]
+    bits = per_window["t5"]["0"]["main"]["16"]
+    assert len(bits) == len(owner) and sum(bits) / len(bits) == pytest.approx(run0["eval"]["16"]["bits_per_byte"], abs=1e-4)
+    files = sorted(set(owner))
+    for k, f in enumerate(files):  # the file means the bootstrap reads are the means of each file's windows
+        mine = [b for b, o in zip(bits, owner) if o == f]
+        assert run0["eval"]["16"]["file_means"][k] == pytest.approx(sum(mine) / len(mine), abs=1e-4)
+    assert "windows" not in run0["eval"]["16"] and len(run0["eval"]["256"]["by_position"]) == 16
     family = straight["comparisons"]
     assert family["family"] == len(family["comparisons"]) > 0 and "Holm" in family["correction"]
     assert "estimated time" in capsys.readouterr().err  # plain lines, even when not a terminal

@@ -121,7 +121,7 @@ class TextProblem:
             if limit is not None and length > limit:
                 results[str(length)] = None  # positions past the learned table do not exist
                 continue
-            x, y, _ = self._windows[which, length]  # (N, L) each
+            x, y, owner = self._windows[which, length]  # (N, L) each
             per_window, by_position = [], torch.zeros(length, dtype=torch.float64)
             with _rotary(model, rotary_for, length):
                 for chunk in range(0, x.shape[0], 8):
@@ -133,8 +133,13 @@ class TextProblem:
             mean = sum(bits) / len(bits)
             se = math.sqrt(sum((b - mean) ** 2 for b in bits) / (len(bits) - 1) / len(bits)) if len(bits) > 1 else None
             stretches = (by_position / (len(bits) * math.log(2))).view(-1, self.train_len).mean(1)  # (L / train_len,)
+            files = sorted(set(owner))
+            column = torch.tensor([files.index(f) for f in owner])  # (N,)
+            sums = torch.zeros(len(files), dtype=torch.float64).index_add_(0, column, torch.tensor(bits, dtype=torch.float64))
+            means = sums / torch.bincount(column, minlength=len(files))  # (F,) each file's mean over its windows
             results[str(length)] = {"bits_per_byte": mean, "perplexity": 2**mean, "se": se, "tokens": x.numel(),
-                                    "windows": [round(b, 6) for b in bits], "by_position": [round(v, 6) for v in stretches.tolist()]}
+                                    "file_means": [round(v, 6) for v in means.tolist()],
+                                    "windows": [round(b, 5) for b in bits], "by_position": [round(v, 6) for v in stretches.tolist()]}
         return results
 
 

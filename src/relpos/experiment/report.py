@@ -73,10 +73,9 @@ def per_file(report: dict, name: str, length: int, which: str = "main") -> tuple
     rows = []
     for seed in sorted(report["runs"][name], key=int):
         cell = report["runs"][name][seed].get(key, {}).get(str(length))
-        if cell is None or "windows" not in cell:
+        if cell is None or "file_means" not in cell:
             return None
-        values = torch.tensor([_as_float(v) for v in cell["windows"]], dtype=torch.float64)  # (N,)
-        rows.append(torch.zeros(len(files), dtype=torch.float64).index_add_(0, index, values) / counts)
+        rows.append(torch.tensor([_as_float(v) for v in cell["file_means"]], dtype=torch.float64))  # (F,)
     return torch.stack(rows), counts
 
 

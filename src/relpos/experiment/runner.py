@@ -12,6 +12,7 @@ nccl on GPU): each rank trains on its slice of the same global batch.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 import relpos
 
-from .._io import json_safe, save_torch, write_text
+from .._io import json_safe, save_torch, save_with, write_text
 from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
 from .diagnostics import attention_by_distance
@@ -339,6 +340,32 @@ def _plain_rope(lm_config: LMConfig) -> bool:
     return lm_config.encoding == "rope" and not lm_config.randomized_positions
 
 
+def _windows_path(config: RunConfig) -> pathlib.Path:
+    return pathlib.Path(config.out) / "windows.json.gz"
+
+
+def _write_report(report: dict, windows: dict, config: RunConfig) -> None:
+    """results.json without the per-window losses, which go to windows.json.gz
+    (``{model: {seed: {"main" | "second": {length: [bits per byte of each window]}}}}``, the window
+    order of ``report["windows"]``): the file-level means in results.json are what the bootstrap reads."""
+    out = pathlib.Path(config.out)
+    for name, seeds in report["runs"].items():
+        for seed, run in seeds.items():
+            for key, which in (("eval", "main"), ("eval_second", "second")):
+                for length, cell in (run.get(key) or {}).items():
+                    if cell is not None and "windows" in cell:
+                        windows.setdefault(name, {}).setdefault(seed, {}).setdefault(which, {})[length] = cell.pop("windows")
+    write_text(out / "results.json", json.dumps(json_safe(report), indent=1))
+    if windows:
+        save_with(lambda tmp: tmp.write_bytes(gzip.compress(json.dumps(json_safe(windows)).encode(), mtime=0)),
+                  _windows_path(config))
+
+
+def _previous_windows(config: RunConfig) -> dict:
+    path = _windows_path(config)
+    return json.loads(gzip.decompress(path.read_bytes())) if config.resume and path.exists() else {}
+
+
 def _fixed_rope_factor(config: RunConfig, problem) -> float:
     """The fixed RoPE factor, set once from the configuration before any evaluation."""
     if config.rope_factor is not None:
@@ -429,6 +456,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     out = pathlib.Path(config.out)
     results_path = out / "results.json"
     previous, previous_sweep = _previous_runs(config, results_path)
+    windows = _previous_windows(config)
     tokens = getattr(problem, "input_length", lambda n: n)
     plan = models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
                   train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
@@ -489,7 +517,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                         report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
                             model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
                         progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
-                write_text(results_path, json.dumps(json_safe(report), indent=1))  # after every model: a kill loses one
+                _write_report(report, windows, config)  # after every model: a kill loses one
                 cells = report["runs"][name][key]["eval"]
                 first, last = cells.get(str(problem.lengths[0])), cells.get(str(problem.lengths[-1]))
                 show = lambda c: "n/a" if c is None else f"{c[problem.metric]:.4f}"  # noqa: E731
@@ -501,7 +529,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
         report["summary"] = summarize_runs(report)
         report["comparisons"] = compare_all(report)
         report["wall_seconds"] = time.perf_counter() - began
-        write_text(results_path, json.dumps(json_safe(report), indent=1))
+        _write_report(report, windows, config)
         write_text(out / "results.md", markdown_report(report) + "\n")
         if config.plot:
             plot(report, out / "extrapolate.png")
