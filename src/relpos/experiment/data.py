@@ -44,15 +44,20 @@ def _as_tensor(data: bytes | bytearray) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
+#: the share of files held out for the length evaluation: 15% of the Python 3.11 standard library's
+#: sources is about 1.3 MB in about 100 files (10% gave 0.86 MB in 58, short of the 1 MB the reference needs)
+TEST_FRACTION = 0.15
+
+
 def _split(files: list[tuple[str, bytes]], source: str, val_fraction: float, max_bytes: int | None) -> Corpus:
-    """Files whose path hashes below ``val_fraction`` are validation, the next ``val_fraction`` held-out
-    test, the rest training."""
+    """Files whose path hashes below ``val_fraction`` are validation, the next ``TEST_FRACTION``
+    held-out test, the rest training."""
     train, val, test = bytearray(), bytearray(), []
     for rel, data in files:
         u = _hash_fraction(rel)
         if u < val_fraction:
             val.extend(data + b"\n")
-        elif u < 2 * val_fraction:
+        elif u < val_fraction + TEST_FRACTION:
             test.append((rel, data))
         else:
             train.extend(data + b"\n")
@@ -61,7 +66,7 @@ def _split(files: list[tuple[str, bytes]], source: str, val_fraction: float, max
         # the same way): split within every file instead, its last fractions going to validation and test.
         train, val, test = bytearray(), bytearray(), []
         for rel, data in files:
-            cut, end = int(len(data) * (1 - 2 * val_fraction)), int(len(data) * (1 - val_fraction))
+            cut, end = int(len(data) * (1 - val_fraction - TEST_FRACTION)), int(len(data) * (1 - TEST_FRACTION))
             train.extend(data[:cut] + b"\n")
             val.extend(data[cut:end] + b"\n")
             test.append((rel, data[end:]))

@@ -125,7 +125,8 @@ def _cell(s: dict | None, percent: bool) -> str:
         return str(mean)
     scale, digits = (100, 1) if percent else (1, 3)
     text = f"{mean * scale:.{digits}f}"
-    return text + (f" ± {s['std'] * scale:.{digits}f}" if s["std"] is not None else "")
+    text += f" ± {s['std'] * scale:.{digits}f}" if s["std"] is not None else ""
+    return text + (f" ({s['successes']}/{s['n']})" if "successes" in s else "")
 
 
 def _sorted_models(summary: dict, length: str, higher: bool) -> list[str]:
@@ -226,7 +227,8 @@ def markdown_report(report: dict) -> str:
     env = report["environment"]
     lines += [
         "",
-        f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds}); the evaluation's own "
+        f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds})"
+        + (f", (k/n): seeds reaching {SUCCESS:.0%}" if percent else "") + "; the evaluation's own "
         f"standard error per cell is at most {max(ses) * (100 if percent else 1):.3f}." if ses else "",
         f"Trained for {config['steps']} steps of {config['batch']} (width {config['dim']}, {config['layers']} layers, "
         f"{config['heads']} heads, learning rate {config['lr']}); relpos {env['relpos']}, torch {env['torch']}, "

@@ -49,11 +49,13 @@ PRESETS: dict[str, dict] = {
                  max_bytes=None, seeds=(0, 1, 2)),
     # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding,
     # learning curves, 1 MB of held-out text from many files at every length, a second corpus
-    # (C headers), bootstrap intervals; about two hours on 2 cores (--estimate-only prints the estimate)
+    # (C headers), bootstrap intervals; with the tasks' reference about two hours on 2 cores
+    # (--estimate-only prints the estimate from measured step and evaluation times)
     "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, lr=3e-3, lrs=(1e-3, 3e-3, 1e-2),
                       eval_every=100, eval_tokens=1_048_576, max_bytes=None, seeds=(0, 1, 2),
                       encodings=(*MODELS, "rope_randomized"),
-                      second_corpus="/usr/include", second_eval_tokens=262_144),
+                      second_corpus="/usr/include", second_eval_tokens=131_072,
+                      rope_scalings=("linear", "dynamic", "yarn", "linear-oracle", "yarn-oracle")),
     # seconds: for tests and a first look
     "smoke": dict(dim=32, layers=1, heads=2, train_len=16, batch=8, steps=12, lr=3e-3, eval_tokens=512,
                   max_bytes=200_000, seeds=(0,)),
@@ -68,7 +70,7 @@ TASK_PRESETS: dict[str, dict] = {
     # the committed evidence: five seeds, a learning-rate sweep, Kazemnejad et al.'s parity and summation too
     "reference": dict(dim=64, layers=2, heads=4, batch=32, steps=1000, lr=3e-3, lrs=(1e-3, 3e-3), eval_every=100,
                       train_max=8, test_lengths=(4, 8, 10, 12, 16, 24, 32), eval_instances=256, seeds=(0, 1, 2, 3, 4),
-                      encodings=(*MODELS, "rope_randomized")),
+                      encodings=(*MODELS, "rope_randomized"), rope_scalings=("linear", "dynamic", "linear-oracle")),
     "smoke": dict(dim=32, layers=1, heads=2, batch=8, steps=12, lr=3e-3, train_max=4,
                   test_lengths=(2, 4, 8), eval_instances=16, seeds=(0,)),
 }
