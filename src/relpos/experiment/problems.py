@@ -45,6 +45,15 @@ def _rotary(model: TransformerLM, rotary_for: RotaryFor, length: int):
     return nullcontext() if rotary_for is None else rotary_swapped(model, rotary_for(length))
 
 
+#: bytes per evaluation forward pass: windows are batched up to this many tokens (8 windows of 64
+#: bytes a call made short lengths cost as much per byte as long ones)
+EVAL_TOKENS_PER_CALL = 8192
+
+
+def _rows(length: int) -> int:
+    return max(1, EVAL_TOKENS_PER_CALL // length)
+
+
 class TextProblem:
     """Next-byte prediction on a corpus: trained at ``train_len``, evaluated at its multiples on the
     held-out test files (and on a second corpus's, if given), window by window."""
@@ -103,8 +112,9 @@ class TextProblem:
             if limit is not None and length > limit:
                 continue
             began = time.perf_counter()
-            model(x[:8])
-            total += (time.perf_counter() - began) * math.ceil(x.shape[0] / 8)
+            rows = _rows(length)
+            model(x[:rows])
+            total += (time.perf_counter() - began) * math.ceil(x.shape[0] / rows)
         model.train()
         return total
 
@@ -124,9 +134,10 @@ class TextProblem:
             x, y, owner = self._windows[which, length]  # (N, L) each
             per_window, by_position = [], torch.zeros(length, dtype=torch.float64)
             with _rotary(model, rotary_for, length):
-                for chunk in range(0, x.shape[0], 8):
-                    logits = model(x[chunk : chunk + 8].to(device))  # (n, L, 256)
-                    nats = F.cross_entropy(logits.transpose(1, 2), y[chunk : chunk + 8].to(device), reduction="none")  # (n, L)
+                rows = _rows(length)
+                for chunk in range(0, x.shape[0], rows):
+                    logits = model(x[chunk : chunk + rows].to(device))  # (n, L, 256)
+                    nats = F.cross_entropy(logits.transpose(1, 2), y[chunk : chunk + rows].to(device), reduction="none")  # (n, L)
                     per_window += (nats.mean(dim=1) / math.log(2)).tolist()  # (n,) bits per byte of each window
                     by_position += nats.double().sum(0).cpu()  # (L,)
             bits = per_window
