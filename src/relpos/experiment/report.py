@@ -231,7 +231,9 @@ def markdown_report(report: dict) -> str:
         + (f", (k/n): seeds reaching {SUCCESS:.0%}" if percent else "") + "; the evaluation's own "
         f"standard error per cell is at most {max(ses) * (100 if percent else 1):.3f}." if ses else "",
         f"Trained for {config['steps']} steps of {config['batch']} (width {config['dim']}, {config['layers']} layers, "
-        f"{config['heads']} heads, learning rate {config['lr']}); relpos {env['relpos']}, torch {env['torch']}, "
+        f"{config['heads']} heads, " + (f"learning rate chosen per model from {', '.join(f'{v:g}' for v in config['lrs'])}"
+                                         if len(config.get("lrs") or ()) > 1 else f"learning rate {config['lr']}")
+        + f"); relpos {env['relpos']}, torch {env['torch']}, "
         f"{env['machine']}, {env['threads']} threads"
         + (f"; {report['wall_seconds'] / 60:.1f} min wall clock." if "wall_seconds" in report else "."),
     ]
