@@ -75,9 +75,11 @@ def test_summarize_runs_aggregates_each_cell_over_seeds():
 
 def test_reciprocal_rank_and_mrr():
     assert reciprocal_ranks({"a": 0.9, "b": 0.1, "c": 0.5}) == {"a": 1.0, "b": 1 / 3, "c": 0.5}
-    report = lambda accs: {  # noqa: E731
+    report = lambda accs, seeds=1: {  # noqa: E731
         "lengths": [4, 8], "trained_lengths": [4],
         "summary": {n: {"eval": {"4": {"mean": 1.0}, "8": None if a is None else {"mean": a}}} for n, a in accs.items()},
+        "runs": {n: {str(k): {"eval": {"4": {"accuracy": 1.0}, "8": None if a is None else {"accuracy": a}}}
+                     for k in range(seeds)} for n, a in accs.items()},
     }
     r = ranking({"t1": report({"x": 0.8, "y": 0.2, "z": None}), "t2": report({"x": 0.1, "y": 0.6, "z": 0.0})})
     assert r["tasks"]["t1"]["accuracy"] == {"x": 0.8, "y": 0.2, "z": 0.0}  # n/a counts as no correct answer
@@ -85,6 +87,15 @@ def test_reciprocal_rank_and_mrr():
     flat = ranking({"t1": report({"x": 0.8, "y": 0.2, "z": None}), "t3": report({"x": 0.0, "y": 0.0, "z": 0.0})})
     assert flat["uninformative"] == ["t3"]  # all tied: it ranks nothing and is left out of the mean
     assert flat["mrr"] == {"x": 1.0, "y": 0.5, "z": pytest.approx(1 / 3)}
+    # seeds that agree: the bootstrap interval of the MRR is the point itself
+    same = ranking({"t1": report({"x": 0.8, "y": 0.2, "z": None}, 5), "t2": report({"x": 0.1, "y": 0.6, "z": 0.0}, 5)})
+    assert same["mrr_ci95"]["x"] == pytest.approx([0.75, 0.75]) and same["mrr_ci95"]["z"] == pytest.approx([1 / 3, 1 / 3])
+    # seeds that disagree on the order of x and y: the interval spans both ranks
+    split = report({"x": 0.8, "y": 0.2, "z": 0.0}, 5)
+    for k, (x, y) in enumerate([(0.9, 0.1), (0.9, 0.1), (0.1, 0.9), (0.1, 0.9), (0.9, 0.1)]):
+        split["runs"]["x"][str(k)]["eval"]["8"]["accuracy"], split["runs"]["y"][str(k)]["eval"]["8"]["accuracy"] = x, y
+    wide = ranking({"t1": split})["mrr_ci95"]
+    assert wide["x"] == pytest.approx([0.5, 1.0]) and wide["y"] == pytest.approx([0.5, 1.0])
 
 
 # --- the algorithmic tasks ------------------------------------------------------------------
@@ -108,6 +119,10 @@ def test_task_answers_are_correct_and_deterministic(name):
             assert prompt[n] == PLUS and len(a) == len(b) == n
             value = lambda ds: sum(d * 10**i for i, d in enumerate(ds))  # noqa: E731 (least significant first)
             assert value(answer) == value(a) + value(b) and len(answer) == n + 1
+        elif name in ("parity", "summation"):
+            assert len(prompt) == n and len(answer) == 1
+            assert answer == [sum(prompt) % (2 if name == "parity" else 10)]
+            assert name != "parity" or set(prompt) <= {0, 1}
         else:
             assert len(prompt) == len(answer) == n
             assert answer == {"copy": prompt, "reverse": prompt[::-1], "sort": sorted(prompt)}[name]
@@ -160,15 +175,16 @@ def test_exact_match_equals_greedy_decoding():
 
 
 def test_rope_scaling_rows_use_transformers_parameters():
-    assert rope_scaling("linear", 16, 64, 64).scaling is None  # within the training length: identity
-    assert rope_scaling("yarn", 16, 256, 64).scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
-    llama = rope_scaling("llama3", 16, 128, 64).scaling
+    assert rope_scaling("linear-oracle", 16, 64, 64, 16.0).scaling is None  # the oracle at the training length: identity
+    assert rope_scaling("yarn", 16, 256, 64, 16.0).scaling == {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64}
+    assert rope_scaling("yarn-oracle", 16, 256, 64, 16.0).scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    llama = rope_scaling("llama3-oracle", 16, 128, 64, 16.0).scaling
     assert llama["factor"] == 2.0 and llama["low_freq_factor"] == 1.0 and llama["high_freq_factor"] == 4.0
-    dynamic = rope_scaling("dynamic", 16, 1024, 64)
-    assert dynamic.scaling["factor"] == 1.0  # the base grows with each input's length by itself
+    dynamic = rope_scaling("dynamic", 16, 1024, 64, 16.0)
+    assert dynamic.scaling["factor"] == 1.0  # the base grows with each position by itself
     assert torch.allclose(dynamic.frequencies(1024), RotaryEmbedding(16, base=10000 * 16 ** (16 / 14)).inv_freq, rtol=1e-5)
     with pytest.raises(ValueError, match="rope scaling must be one of"):
-        rope_scaling("ntk", 16, 128, 64)
+        rope_scaling("ntk", 16, 128, 64, 16.0)
 
 
 def test_rotary_swap_reaches_every_layer_and_is_undone():
@@ -176,7 +192,7 @@ def test_rotary_swap_reaches_every_layer_and_is_undone():
     tokens = torch.randint(0, 256, (1, 40))
     with torch.no_grad():
         plain = model(tokens)
-        scaled = rope_scaling("linear", 16, 40, 16)
+        scaled = rope_scaling("linear-oracle", 16, 40, 16, 4.0)
         with rotary_swapped(model, scaled):
             assert all(b.attn.position is scaled for b in model.blocks)
             changed = model(tokens)
@@ -230,7 +246,7 @@ def test_tasks_command_runs_each_task_and_ranks(tmp_path, capsys):
 
 
 def test_tasks_options_are_validated(tmp_path):
-    for argv, message in ((["--tasks", "parity"], "--tasks must name"), (["--test-lengths", "8,4"], "increasing"),
+    for argv, message in ((["--tasks", "scan"], "--tasks must name"), (["--test-lengths", "8,4"], "increasing"),
                           (["--train-max", "0"], "--train-max must be positive"), (["--encodings", ""], "--encodings is empty")):
         with pytest.raises(SystemExit) as stop:
             cli.main(["tasks", "--preset", "smoke", "--out", str(tmp_path), *argv])

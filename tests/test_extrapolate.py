@@ -49,16 +49,25 @@ def test_every_encoding_trained_and_evaluated(smoke_report):
     runs = report["runs"]
     assert runs["alibi"]["0"]["position_parameters"] == 0
     assert runs["t5"]["0"]["position_parameters"] == 32 * 2  # one table shared by both layers
-    # max_distance at the training length, raised just above the exact range (32 buckets, causal: 16)
+    # max_distance above the largest trained distance (15), raised just above the exact range (32 buckets, causal: 16)
     assert runs["t5"]["0"]["model"]["max_distance"] == 17 and runs["t5_md128"]["0"]["model"]["max_distance"] == 128
-    # within the training length every scaling is the identity: the same numbers as plain RoPE
-    for kind in ROPE_SCALING_ROWS:
-        assert runs[f"rope + {kind}"]["0"]["eval"]["16"]["bits_per_byte"] == pytest.approx(runs["rope"]["0"]["eval"]["16"]["bits_per_byte"])
-    assert runs["rope + linear"]["0"]["eval"]["256"]["bits_per_byte"] != runs["rope"]["0"]["eval"]["256"]["bits_per_byte"]
+    assert runs["clipped"]["0"]["model"]["clip_distance"] == 16  # R = the training length: nothing trained is clipped
+    attention = runs["alibi"]["0"]["attention"]
+    assert set(attention) == {"16", "256"} and sum(attention["256"]["share"]) == pytest.approx(1.0)
+    assert runs["shaw"]["0"]["attention"]["16"] is None  # its own attention path: not covered
+    # within the training length the oracle scalings and dynamic NTK are the identity: the same numbers as plain
+    # RoPE; the fixed factor (16 here: the longest length over the training length) already changes 1x
+    rope_1x = runs["rope"]["0"]["eval"]["16"]["bits_per_byte"]
+    for kind in ("dynamic", "linear-oracle", "yarn-oracle", "llama3-oracle"):
+        assert runs[f"rope + {kind}"]["0"]["eval"]["16"]["bits_per_byte"] == pytest.approx(rope_1x)
+    assert report["rope_factor"] == 16.0
+    assert runs["rope + linear"]["0"]["eval"]["16"]["bits_per_byte"] != pytest.approx(rope_1x, abs=1e-6)
+    assert runs["rope + linear"]["0"]["eval"]["256"]["bits_per_byte"] == pytest.approx(
+        runs["rope + linear-oracle"]["0"]["eval"]["256"]["bits_per_byte"])  # at the longest length the two agree
     saved = json.loads((out / "results.json").read_text())
     assert saved["environment"]["relpos"] and saved["environment"]["torch"] == torch.__version__
     table = (out / "results.md").read_text()
-    assert "| learned absolute |" in table and "| n/a |" in table and "| RoPE + yarn (eval only) | same as RoPE |" in table
+    assert "| learned absolute |" in table and "| n/a |" in table and "| RoPE + yarn, fixed factor (eval only) | same as RoPE |" in table
 
 
 def test_plot_is_written_and_not_blank(smoke_report):
@@ -99,7 +108,7 @@ def test_resume_continues_where_it_stopped(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6))
     monkeypatch.setattr(ex, "train_steps", real)
-    state = torch.load(tmp_path / "b" / "checkpoints" / "t5.seed0.pt", weights_only=True)
+    state = torch.load(tmp_path / "b" / "checkpoints" / "t5.lr0.003.seed0.pt", weights_only=True)
     assert state["step"] == 6
     resumed = ex.run(smoke(tmp_path / "b", encodings=("t5",), checkpoint_every=6, resume=True))
     for n, e in straight["runs"]["t5"]["0"]["eval"].items():

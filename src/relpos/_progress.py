@@ -16,9 +16,10 @@ __all__ = ["Progress"]
 
 class Progress:
     def __init__(self, total: int, *, enabled: bool = True, stream=None) -> None:
+        self._stream = stream or sys.stderr
         self._bar = tqdm(
             total=max(1, total),
-            file=stream or sys.stderr,
+            file=self._stream,
             disable=None if enabled else True,  # None: only on a terminal, so redirected logs stay clean
             dynamic_ncols=True,
             smoothing=0.05,  # a rate averaged over many steps: the first (warm-up) step does not set the ETA
@@ -39,6 +40,11 @@ class Progress:
         self._bar.update(n)
         if self._bar.n >= self._bar.total:
             self.close()
+
+    def log(self, line: str) -> None:
+        """One plain line on the stream, bar or no bar: a redirected log shows each finished stage."""
+        tqdm.write(line, file=self._stream)  # above the bar on a terminal, a plain line otherwise
+        self._stream.flush()
 
     def close(self) -> None:
         self._bar.close()  # idempotent; ends the line

@@ -21,6 +21,8 @@ __all__ = ["add_arguments", "add_task_arguments", "config_from_args", "task_conf
            "run_tasks_from_args", "main"]
 
 DEFAULT_TASKS = ("copy", "reverse", "sort")
+#: the reference preset's tasks: Kazemnejad et al.'s that fit the budget (sort is left out: it needs no positions)
+REFERENCE_TASKS = ("copy", "reverse", "addition", "parity", "summation")
 
 
 def _csv(kind, text: str, option: str) -> tuple:
@@ -44,16 +46,23 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[str, type], ...]) -> None:
     parser.add_argument("--preset", choices=sorted(presets), default="default",
-                        help="size of the run: default (minutes on 2 cores, docs/extrapolate.md), full (longer), smoke (seconds)")
-    parser.add_argument("--encodings", default=",".join(MODELS),
+                        help="size of the run: default (about ten minutes on 2 cores), reference (the committed evidence, "
+                             "about two hours: see --estimate-only), full (longer), smoke (seconds); docs/extrapolate.md")
+    parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
-                             f"default: {', '.join(MODELS)})")
-    parser.add_argument("--rope-scalings", default=",".join(ROPE_SCALING_ROWS),
+                             f"rope_randomized: RoPE at randomized positions, Ruoss et al. 2023; default: {', '.join(MODELS)}; "
+                             "the reference preset adds rope_randomized)")
+    parser.add_argument("--rope-scalings",
                         help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
-                             f"from: {', '.join(ROPE_SCALING_ROWS)}")
+                             f"from: {', '.join(ROPE_SCALING_ROWS)} (default: all; the reference presets: fewer)")
     parser.add_argument("--seeds", help="seeds as 0,1,2 or a count (3 = 0,1,2); default: the preset's (3)")
     for name, kind in sizes:
         parser.add_argument(f"--{name}", type=kind, help="overrides the preset")
+    parser.add_argument("--lrs", help="learning-rate sweep, e.g. 1e-3,3e-3,1e-2: each model's rate is chosen on "
+                                      "in-distribution validation (default: the preset's; the reference preset sweeps)")
+    parser.add_argument("--eval-every", type=int, help="steps between learning-curve points (0: only the end)")
+    parser.add_argument("--rope-factor", type=float, help="the fixed RoPE scaling factor (default: longest evaluation length / training length)")
+    parser.add_argument("--estimate-only", action="store_true", help="print the estimated time of the run (measured steps) and stop")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoints and results in --out (the options must be the same; more seeds or models may be added)")
@@ -71,13 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128")
     parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)}")
     parser.add_argument("--corpus", help="a text file or a folder of text files (default: the Python standard library)")
+    parser.add_argument("--second-corpus", help="a second text (a folder) evaluated the same way (reference: /usr/include, C headers)")
+    parser.add_argument("--second-eval-tokens", type=int, help="held-out bytes per length on the second corpus")
     parser.add_argument("--out", default="relpos-extrapolate", help="folder for results.json, results.md, the plot and checkpoints")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos tasks``: algorithmic tasks, trained on short instances and tested on longer ones."""
     _common(parser, runner.TASK_PRESETS, _SIZES + (("train-max", int), ("eval-instances", int)))
-    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated, from: {', '.join(TASKS)}")
+    parser.add_argument("--tasks", help=f"comma-separated, from: {', '.join(TASKS)} (default: {','.join(DEFAULT_TASKS)}; "
+                                        f"reference preset: {','.join(REFERENCE_TASKS)})")
     parser.add_argument("--test-lengths", help="instance lengths to test, e.g. 8,16,32,64 (default: the preset's)")
     parser.add_argument("--out", default="relpos-tasks", help="folder: one subfolder per task, and summary.md")
 
@@ -103,12 +115,28 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         raise ValueError(f"--lr must be a finite number > 0, got {preset['lr']}")
     if args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
-    scalings = _csv(str, args.rope_scalings, "--rope-scalings")
+    text = args.rope_scalings if args.rope_scalings is not None else ",".join(preset.pop("rope_scalings", ROPE_SCALING_ROWS))
+    preset.pop("rope_scalings", None)
+    scalings = _csv(str, text, "--rope-scalings")
     if any(s not in ROPE_SCALING_ROWS for s in scalings):
-        raise ValueError(f"--rope-scalings must be among {', '.join(ROPE_SCALING_ROWS)}, got {args.rope_scalings!r}")
+        raise ValueError(f"--rope-scalings must be among {', '.join(ROPE_SCALING_ROWS)}, got {text!r}")
     if args.seeds is not None:
         preset["seeds"] = _seeds(args.seeds)
-    return dict(preset, encodings=_check_models(args.encodings), rope_scalings=scalings, out=args.out,
+    if args.lrs is not None:
+        preset["lrs"] = _csv(float, args.lrs, "--lrs")
+        if any(not (math.isfinite(v) and v > 0) for v in preset["lrs"]):
+            raise ValueError(f"--lrs must be finite numbers > 0, got {args.lrs!r}")
+    if args.eval_every is not None:
+        if args.eval_every < 0:
+            raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")
+        preset["eval_every"] = args.eval_every
+    if args.rope_factor is not None:
+        if not (math.isfinite(args.rope_factor) and args.rope_factor >= 1):
+            raise ValueError(f"--rope-factor must be a finite number >= 1, got {args.rope_factor}")
+        preset["rope_factor"] = args.rope_factor
+    encodings = args.encodings if args.encodings is not None else ",".join(preset.pop("encodings", MODELS))
+    preset.pop("encodings", None)
+    return dict(preset, encodings=_check_models(encodings), rope_scalings=scalings, out=args.out,
                 checkpoint_every=args.checkpoint_every, resume=args.resume, plot=not args.no_plot,
                 progress=not args.no_progress, preset=args.preset)
 
@@ -126,6 +154,12 @@ def config_from_args(args) -> runner.RunConfig:
     multipliers = _csv(int, args.multipliers, "--multipliers")
     if not multipliers or min(multipliers) < 1:
         raise ValueError(f"--multipliers must be positive integers, got {args.multipliers!r}")
+    for key in ("second_corpus", "second_eval_tokens"):
+        if getattr(args, key, None) is not None:
+            fields[key] = getattr(args, key)
+    if fields.get("second_corpus") and not pathlib.Path(fields["second_corpus"]).exists():
+        raise ValueError(f"--second-corpus {fields['second_corpus']!r} does not exist; give a folder of text files "
+                         "(or --second-corpus '' for none)")
     return runner.RunConfig(task="text", multipliers=multipliers, buckets=buckets, bucketing=bucketing,
                             corpus=args.corpus, **fields)
 
@@ -135,7 +169,7 @@ def task_configs_from_args(args) -> list[runner.RunConfig]:
     fields = _base_config(args, runner.TASK_PRESETS, ("dim", "layers", "heads", "batch", "steps", "lr", "train_max", "eval_instances"))
     if not fields["encodings"]:
         raise ValueError("--encodings is empty: name at least one of " + ", ".join(MODELS))
-    tasks = _csv(str, args.tasks, "--tasks")
+    tasks = _csv(str, args.tasks or ",".join(REFERENCE_TASKS if args.preset == "reference" else DEFAULT_TASKS), "--tasks")
     if not tasks or any(t not in TASKS for t in tasks):
         raise ValueError(f"--tasks must name some of {', '.join(TASKS)}, got {args.tasks!r}")
     if args.test_lengths is not None:
@@ -154,6 +188,9 @@ def _interrupted(out: str) -> int:
 
 def run_from_args(args) -> int:
     config = config_from_args(args)
+    if args.estimate_only:
+        runner.run(config, estimate_only=True)
+        return 0
     try:
         report = runner.run(config)
     except KeyboardInterrupt:
@@ -166,6 +203,10 @@ def run_from_args(args) -> int:
 
 def run_tasks_from_args(args) -> int:
     configs = task_configs_from_args(args)
+    if args.estimate_only:
+        total = sum(runner.run(c, estimate_only=True)["estimate"]["seconds"] for c in configs)
+        print(f"estimated time of every task on this machine: {total / 60:.0f} min", file=sys.stderr)
+        return 0
     reports = {}
     try:
         for config in configs:

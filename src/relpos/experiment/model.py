@@ -20,8 +20,9 @@ from .. import registry
 from .._checks import check_choice, check_int
 from ..buckets import STRATEGIES
 from ..mha import KVCache, MultiheadAttention
+from ..rotary import RotaryEmbedding, apply_rotation
 
-__all__ = ["ENCODINGS", "DEFAULT_ENCODINGS", "LMConfig", "TransformerLM"]
+__all__ = ["ENCODINGS", "DEFAULT_ENCODINGS", "LMConfig", "RandomizedRotary", "TransformerLM"]
 
 #: every encoding a sequence model can use (relpos.registry's ``sequence=True`` records)
 ENCODINGS: tuple[str, ...] = registry.names(sequence=True)
@@ -43,6 +44,7 @@ class LMConfig:
     clip_distance: int = 32  # clipped bias and Shaw vectors: offsets beyond share the end value
     log_decay_scale: float = 0.3
     vocab: int = 256
+    randomized_positions: int = 0  # > 0: RoPE at randomized positions drawn from 0 .. this - 1 (Ruoss et al. 2023)
 
     def __post_init__(self) -> None:
         check_choice("encoding", self.encoding, ENCODINGS)
@@ -51,6 +53,9 @@ class LMConfig:
             check_int(name, getattr(self, name), minimum=1)
         if self.dim % self.heads:
             raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
+        check_int("randomized_positions", self.randomized_positions, minimum=0)
+        if self.randomized_positions and self.encoding != "rope":
+            raise ValueError(f"randomized_positions applies to encoding='rope' only, got encoding={self.encoding!r}")
 
     def with_(self, **changes) -> "LMConfig":
         return replace(self, **changes)
@@ -62,6 +67,38 @@ def _build(config: LMConfig, head_dim: int):
     fields = {o.name: o.config_field or o.name for o in encoding.options}
     options = {name: getattr(config, field) for name, field in fields.items() if hasattr(config, field)}
     return encoding.create(config.heads, head_dim, causal=True, **options)
+
+
+class RandomizedRotary(RotaryEmbedding):
+    """RoPE at randomized positions (Ruoss et al. 2023): for an input of ``L`` tokens the positions
+    are ``L`` distinct integers drawn from ``0 .. max_positions - 1`` and sorted, so the model sees
+    the large positions of long inputs while training on short ones. Training draws anew for every
+    batch (from a counter saved with the model, so a resumed run draws the same); evaluation uses
+    one fixed draw per length, the same for every model and seed."""
+
+    def __init__(self, head_dim: int, max_positions: int) -> None:
+        super().__init__(head_dim)
+        self.max_positions = check_int("max_positions", max_positions, minimum=1)
+        self.register_buffer("draws", torch.zeros((), dtype=torch.long))
+        self._positions: torch.Tensor | None = None
+
+    def draw(self, length: int, *, training: bool) -> None:
+        """Positions for the next forward pass of ``length`` tokens."""
+        if length > self.max_positions:
+            raise ValueError(f"an input of {length} tokens needs more than max_positions={self.max_positions} positions; "
+                             "train with a larger randomized_positions")
+        seed = 1_000_003 * int(self.draws) + 17 if training else 7_919 * length + 3
+        generator = torch.Generator().manual_seed(seed)
+        self._positions = torch.randperm(self.max_positions, generator=generator)[:length].sort().values  # (L,)
+        if training:
+            self.draws += 1
+
+    def rotate(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        if self._positions is None:
+            raise ValueError("RandomizedRotary.rotate before draw(length): the model draws the positions in forward")
+        positions = self._positions[start : start + x.shape[-2]].to(x.device)  # (L,)
+        cos, sin = self.cos_sin(positions)  # (L, d) each
+        return apply_rotation(x, cos, sin, interleaved=self.interleaved)  # (..., L, d)
 
 
 class Block(nn.Module):
@@ -87,18 +124,32 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         head_dim = config.dim // config.heads
+        # The shared layers draw from the generator first, the encoding's own parameters after them:
+        # under one seed every model starts from the same embeddings, attention and MLP weights,
+        # whatever extra parameters its encoding has (a learned table, T5's buckets, Shaw's vectors).
         self.embed = nn.Embedding(config.vocab, config.dim)
+        self.blocks = nn.ModuleList(Block(config, None) for _ in range(config.layers))
+        self.norm = nn.RMSNorm(config.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
         scope = registry.get(config.encoding).scope
         self.absolute = _build(config, head_dim) if scope == "input" else None
         self.position = _build(config, head_dim) if scope == "shared" else None
-        self.blocks = nn.ModuleList(  # a per-layer encoding (Shaw, forgetting gates, CoPE) is built for each block
-            Block(config, _build(config, head_dim) if scope == "layer" else self.position) for _ in range(config.layers)
-        )
-        self.norm = nn.RMSNorm(config.dim)
-        nn.init.normal_(self.embed.weight, std=0.02)
+        if config.randomized_positions:
+            self.position = RandomizedRotary(head_dim, config.randomized_positions)
+        for block in self.blocks:  # a per-layer encoding (Shaw, forgetting gates, CoPE) is built for each block
+            position = _build(config, head_dim) if scope == "layer" else self.position
+            block.attn._check_position(position)
+            block.attn.position = position
+
+    def shared_parameters(self) -> dict[str, torch.Tensor]:
+        """The parameters every encoding's model has (all but the encoding's own), by name."""
+        own = ("absolute.", "position.")
+        return {n: p for n, p in self.named_parameters() if not n.startswith(own) and ".attn.position." not in n}
 
     def max_length(self) -> int | None:
         """The longest input this model can represent (``None``: unbounded)."""
+        if self.config.randomized_positions:
+            return self.config.randomized_positions
         return self.config.train_len if self.config.encoding == "learned" else None
 
     def embed_tokens(self, tokens: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
@@ -116,6 +167,8 @@ class TransformerLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
         offset = 0 if caches is None else caches[0].length
+        if isinstance(self.position, RandomizedRotary) and offset == 0:
+            self.position.draw(tokens.shape[1], training=self.training)
         x = self.embed_tokens(tokens, offset=offset)  # (B, L, D)
         position_bias = None
         for i, block in enumerate(self.blocks):

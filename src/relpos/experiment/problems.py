@@ -9,6 +9,7 @@ tokens: the RoPE-scaling rows evaluate one trained RoPE model with several scali
 from __future__ import annotations
 
 import math
+import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..rotary import RotaryEmbedding
-from .data import Corpus, eval_windows, sample_batch
+from .data import Corpus, eval_windows, file_windows, sample_batch
 from .model import TransformerLM
 from .tasks import TASKS, VOCAB, make_batch
 
@@ -44,26 +45,84 @@ def _rotary(model: TransformerLM, rotary_for: RotaryFor, length: int):
     return nullcontext() if rotary_for is None else rotary_swapped(model, rotary_for(length))
 
 
+#: bytes per evaluation forward pass: windows are batched up to this many tokens (8 windows of 64
+#: bytes a call made short lengths cost as much per byte as long ones)
+EVAL_TOKENS_PER_CALL = 8192
+
+
+def _rows(length: int) -> int:
+    return max(1, EVAL_TOKENS_PER_CALL // length)
+
+
 class TextProblem:
-    """Next-byte prediction on a corpus: trained at ``train_len``, evaluated at its multiples."""
+    """Next-byte prediction on a corpus: trained at ``train_len``, evaluated at its multiples on the
+    held-out test files (and on a second corpus's, if given), window by window."""
 
     metric, higher_is_better, vocab = "bits_per_byte", False, 256
 
-    def __init__(self, corpus: Corpus, *, train_len: int, multipliers: tuple[int, ...], eval_tokens: int) -> None:
+    def __init__(self, corpus: Corpus, *, train_len: int, multipliers: tuple[int, ...], eval_tokens: int,
+                 second: Corpus | None = None, second_tokens: int | None = None, val_windows: int = 64) -> None:
         self.corpus, self.train_len, self.eval_tokens = corpus, train_len, eval_tokens
+        self.second, self.val_windows = second, val_windows
         self.lengths = [train_len * m for m in multipliers]
         self.trained_lengths = [train_len]
+        self.test_sets = {"main": corpus.test, **({"second": second.test} if second is not None else {})}
+        val = corpus.val
+        count = max(1, min(val_windows, (val.numel() - 1) // train_len))
+        starts = torch.linspace(0, val.numel() - train_len - 1, count).long()  # (N,) evenly spread
+        window = val[starts[:, None] + torch.arange(train_len + 1)[None, :]].long()  # (N, L + 1)
+        self._validation = (window[:, :-1], window[:, 1:])
+        budget = {"main": eval_tokens, "second": second_tokens or eval_tokens}
+        self._windows = {(which, n): file_windows(files, n, budget[which])
+                         for which, files in self.test_sets.items() for n in self.lengths}
 
     def describe(self) -> str:
         return self.corpus.describe()
+
+    def windows(self, which: str = "main") -> dict:
+        """The files and which file each window of each length comes from (the same for every model)."""
+        return {"files": [name for name, _ in self.test_sets[which]],
+                "window_file": {str(n): self._windows[which, n][2] for n in self.lengths}}
+
+    def attention_windows(self, length: int, count: int = 4) -> torch.Tensor:
+        """The first ``count`` held-out windows at ``length`` (the attention diagnostic's input): (n, L)."""
+        return self._windows["main", length][0][:count]
 
     def batch(self, step_seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_batch(self.corpus.train, batch, self.train_len, torch.Generator().manual_seed(step_seed))
 
     @torch.no_grad()
-    def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None) -> dict[str, dict | None]:
-        """Bits per byte, perplexity and the standard error over windows at each length (``None``:
-        past a learned table)."""
+    def validate(self, model: TransformerLM) -> float:
+        """In-distribution validation: bits per byte on ``val_windows`` windows at the training length
+        spread evenly over the validation files (learning curves and the learning-rate choice)."""
+        model.eval()
+        device = next(model.parameters()).device
+        x, y = self._validation  # (N, L) each
+        nats = F.cross_entropy(model(x.to(device)).transpose(1, 2), y.to(device))
+        model.train()
+        return float(nats) / math.log(2)
+
+    @torch.no_grad()
+    def estimate_eval(self, model: TransformerLM) -> float:
+        """Seconds one full evaluation (every length, every test set) should take: one chunk timed per length."""
+        model.eval()
+        total = 0.0
+        limit = model.max_length()
+        for (which, length), (x, _, _) in self._windows.items():
+            if limit is not None and length > limit:
+                continue
+            began = time.perf_counter()
+            rows = _rows(length)
+            model(x[:rows])
+            total += (time.perf_counter() - began) * math.ceil(x.shape[0] / rows)
+        model.train()
+        return total
+
+    @torch.no_grad()
+    def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None, which: str = "main") -> dict[str, dict | None]:
+        """Bits per byte at each length (``None``: past a learned table): the mean over windows, its
+        standard error, each window's value, and the loss by position (the mean over windows of
+        each ``train_len``-long stretch of the window: where an encoding breaks)."""
         model.eval()
         device = next(model.parameters()).device
         results: dict[str, dict | None] = {}
@@ -72,17 +131,26 @@ class TextProblem:
             if limit is not None and length > limit:
                 results[str(length)] = None  # positions past the learned table do not exist
                 continue
-            x, y = eval_windows(self.corpus.val, length, max(1, self.eval_tokens // length))  # (N, L) each
-            per_window = []
+            x, y, owner = self._windows[which, length]  # (N, L) each
+            per_window, by_position = [], torch.zeros(length, dtype=torch.float64)
             with _rotary(model, rotary_for, length):
-                for chunk in range(0, x.shape[0], 8):
-                    logits = model(x[chunk : chunk + 8].to(device))  # (n, L, 256)
-                    nats = F.cross_entropy(logits.transpose(1, 2), y[chunk : chunk + 8].to(device), reduction="none")
-                    per_window += nats.mean(dim=1).tolist()  # (n,) mean nats per byte of each window
-            bits = [v / math.log(2) for v in per_window]
+                rows = _rows(length)
+                for chunk in range(0, x.shape[0], rows):
+                    logits = model(x[chunk : chunk + rows].to(device))  # (n, L, 256)
+                    nats = F.cross_entropy(logits.transpose(1, 2), y[chunk : chunk + rows].to(device), reduction="none")  # (n, L)
+                    per_window += (nats.mean(dim=1) / math.log(2)).tolist()  # (n,) bits per byte of each window
+                    by_position += nats.double().sum(0).cpu()  # (L,)
+            bits = per_window
             mean = sum(bits) / len(bits)
             se = math.sqrt(sum((b - mean) ** 2 for b in bits) / (len(bits) - 1) / len(bits)) if len(bits) > 1 else None
-            results[str(length)] = {"bits_per_byte": mean, "perplexity": 2**mean, "se": se, "tokens": x.numel()}
+            stretches = (by_position / (len(bits) * math.log(2))).view(-1, self.train_len).mean(1)  # (L / train_len,)
+            files = sorted(set(owner))
+            column = torch.tensor([files.index(f) for f in owner])  # (N,)
+            sums = torch.zeros(len(files), dtype=torch.float64).index_add_(0, column, torch.tensor(bits, dtype=torch.float64))
+            means = sums / torch.bincount(column, minlength=len(files))  # (F,) each file's mean over its windows
+            results[str(length)] = {"bits_per_byte": mean, "perplexity": 2**mean, "se": se, "tokens": x.numel(),
+                                    "file_means": [round(v, 6) for v in means.tolist()],
+                                    "windows": [round(b, 5) for b in bits], "by_position": [round(v, 6) for v in stretches.tolist()]}
         return results
 
 
@@ -109,6 +177,19 @@ class TaskProblem:
 
     def input_length(self, n: int) -> int:
         return self.task.sequence_length(n) - 1
+
+    @torch.no_grad()
+    def validate(self, model: TransformerLM) -> float:
+        """In-distribution validation: the answer tokens' cross-entropy on 256 fixed instances of the
+        trained lengths (learning curves and the learning-rate choice)."""
+        model.eval()
+        device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(7_777_777)  # never a training or test seed's stream
+        lengths = torch.randint(1, self.train_max + 1, (256,), generator=generator)  # (256,)
+        x, y = make_batch(self.task, lengths.tolist(), generator)  # (256, T) each
+        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device), ignore_index=-100)
+        model.train()
+        return float(loss)
 
     @torch.no_grad()
     def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None) -> dict[str, dict | None]:

@@ -7,10 +7,16 @@ import math
 import pathlib
 
 from .._io import save_with
-from .stats import paired_difference, summarize
+import torch
+
+from .stats import holm, paired_bootstrap, summarize
 from .variants import describe
 
-__all__ = ["summarize_runs", "markdown_report", "ablation_table", "plot", "ranking", "ranking_markdown", "reciprocal_ranks", "KAZEMNEJAD_MRR"]
+__all__ = ["summarize_runs", "per_file", "compare_all", "markdown_report", "ablation_table", "plot", "ranking",
+           "ranking_markdown", "reciprocal_ranks", "SUCCESS", "KAZEMNEJAD_MRR"]
+
+#: a seed "succeeds" at a length when its exact-match accuracy there reaches this
+SUCCESS = 0.9
 
 #: Kazemnejad et al. (NeurIPS 2023), mean reciprocal rank over their tasks (APE = sinusoidal)
 KAZEMNEJAD_MRR = {"none": 0.69, "t5": 0.55, "alibi": 0.50, "rope": 0.33, "sinusoidal": 0.22}
@@ -20,19 +26,26 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def summarize_runs(report: dict) -> dict:
-    """``{model: {"train_loss": summary, "eval": {length: summary | None}}}`` over the seeds.
+def summarize_runs(report: dict, key: str = "eval") -> dict:
+    """``{model: {"train_loss": summary, "eval": {length: summary | None}, "degradation": ...}}`` over
+    the seeds (``key="eval_second"``: the second corpus).
 
     A length where the model has no result (past a learned table) summarizes to ``None``; each
     cell's summary also carries ``se``, the mean over seeds of the evaluation's own standard error.
+    ``degradation`` is each seed's value minus its own value at the first length (text: 1x).
     """
     metric = report["metric"]
     out = {}
     for name, seeds in report["runs"].items():
-        results = list(seeds.values())
-        cells = {}
+        results = [r for r in seeds.values() if key in r]
+        if not results:
+            continue
+        cells, degradation = {}, {}
         for length in report["lengths"]:
-            evals = [r["eval"].get(str(length)) for r in results]
+            evals = [r[key].get(str(length)) for r in results]
+            base = [r[key].get(str(report["lengths"][0])) for r in results]
+            if not any(e is None for e in evals + base):
+                degradation[str(length)] = summarize([_as_float(e[metric]) - _as_float(b[metric]) for e, b in zip(evals, base)])
             if any(e is None for e in evals):
                 cells[str(length)] = None
                 continue
@@ -40,10 +53,64 @@ def summarize_runs(report: dict) -> dict:
             ses = [e["se"] for e in evals if _finite(e.get("se"))]
             cell["se"] = sum(ses) / len(ses) if ses else None
             cell["values"] = [_as_float(e[metric]) for e in evals]
+            if metric == "accuracy":
+                cell["successes"] = sum(v >= SUCCESS for v in cell["values"])
             cells[str(length)] = cell
         losses = [_as_float(r["train_loss"]) for r in results if r["train_loss"] is not None]
-        out[name] = {"train_loss": summarize(losses), "eval": cells, "seeds": list(seeds)}
+        out[name] = {"train_loss": summarize(losses), "eval": cells, "degradation": degradation, "seeds": list(seeds)}
     return out
+
+
+def per_file(report: dict, name: str, length: int, which: str = "main") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(seeds, files)`` mean bits per byte of each held-out file's windows at ``length``, and the
+    windows per file ``(files,)``; only files with a window at that length. ``None``: no result."""
+    key = "eval" if which == "main" else "eval_second"
+    owner = report["windows"][which]["window_file"][str(length)]
+    files = sorted(set(owner))
+    column = {f: i for i, f in enumerate(files)}
+    index = torch.tensor([column[f] for f in owner])  # (N,)
+    counts = torch.bincount(index, minlength=len(files)).double()  # (F,)
+    rows = []
+    for seed in sorted(report["runs"][name], key=int):
+        cell = report["runs"][name][seed].get(key, {}).get(str(length))
+        if cell is None or "file_means" not in cell:
+            return None
+        rows.append(torch.tensor([_as_float(v) for v in cell["file_means"]], dtype=torch.float64))  # (F,)
+    return torch.stack(rows), counts
+
+
+def compare_all(report: dict, *, resamples: int = 1000) -> dict:
+    """Every pair of models at every length, on the bits per byte and on the degradation from
+    each model's own first length: a paired bootstrap over held-out files and seeds, with Holm's
+    adjustment over the whole family of comparisons (every pair, length, and both measures)."""
+    if "windows" not in report:
+        return {"comparisons": [], "family": 0, "correction": None}
+    names = [n for n in report["runs"] if n in report.get("summary", report["runs"])]
+    first = report["lengths"][0]
+    rows = []
+    for length in report["lengths"]:
+        data = {n: per_file(report, n, length) for n in names}
+        base = {n: per_file(report, n, first) for n in names}
+        columns = sorted(set(report["windows"]["main"]["window_file"][str(length)]))
+        base_columns = sorted(set(report["windows"]["main"]["window_file"][str(first)]))
+        keep = torch.tensor([base_columns.index(f) for f in columns])  # the length's files among the first length's
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                if data[a] is None or data[b] is None or data[a][0].shape != data[b][0].shape:
+                    continue
+                weights = data[a][1]
+                r = paired_bootstrap(data[a][0], data[b][0], weights, resamples=resamples)
+                rows.append({"a": a, "b": b, "length": length, "measure": "bits_per_byte", **r})
+                if length != first and base[a] is not None and base[b] is not None:
+                    da = data[a][0] - base[a][0][:, keep]  # (S, F): each file's loss growth from the first length
+                    db = data[b][0] - base[b][0][:, keep]
+                    r = paired_bootstrap(da, db, weights, resamples=resamples)
+                    rows.append({"a": a, "b": b, "length": length, "measure": "degradation", **r})
+    for row, adjusted in zip(rows, holm([r["p"] for r in rows])):
+        row["p_holm"] = adjusted
+        row["significant"] = adjusted < 0.05
+    return {"comparisons": rows, "family": len(rows),
+            "correction": f"Holm over all {len(rows)} comparisons (every pair, length and measure), family-wise 5%"}
 
 
 def _as_float(x) -> float:
@@ -58,7 +125,8 @@ def _cell(s: dict | None, percent: bool) -> str:
         return str(mean)
     scale, digits = (100, 1) if percent else (1, 3)
     text = f"{mean * scale:.{digits}f}"
-    return text + (f" ± {s['std'] * scale:.{digits}f}" if s["std"] is not None else "")
+    text += f" ± {s['std'] * scale:.{digits}f}" if s["std"] is not None else ""
+    return text + (f" ({s['successes']}/{s['n']})" if "successes" in s else "")
 
 
 def _sorted_models(summary: dict, length: str, higher: bool) -> list[str]:
@@ -66,21 +134,73 @@ def _sorted_models(summary: dict, length: str, higher: bool) -> list[str]:
     return sorted(ok, key=lambda n: summary[n]["eval"][length]["mean"], reverse=higher)
 
 
-def _differences(report: dict, length: int) -> list[str]:
-    """Adjacent models in the ranking at ``length``: is the gap larger than the seeds' noise?"""
-    summary, higher = report["summary"], report["higher_is_better"]
-    order = _sorted_models(summary, str(length), higher)
-    if length <= max(report["trained_lengths"], default=0):  # the scalings are the identity there: RoPE's own row
-        order = [n for n in order if not n.startswith("rope + ")]
+def _differences(report: dict, length: int, measure: str = "bits_per_byte") -> list[str]:
+    """Adjacent models in the ranking at ``length``: the paired bootstrap's difference, interval and
+    Holm-adjusted p (from :func:`compare_all`, whose family covers every pair)."""
+    summary = report["summary"]
+    found = {(c["a"], c["b"]): c for c in report.get("comparisons", {}).get("comparisons", [])
+             if c["length"] == length and c["measure"] == measure}
+    cells = {n: (s["eval"] if measure == "bits_per_byte" else s["degradation"]).get(str(length)) for n, s in summary.items()}
+    order = sorted((n for n, c in cells.items() if c is not None and _finite(c["mean"])), key=lambda n: cells[n]["mean"])
+    if length <= max(report["trained_lengths"], default=0):  # the oracle scalings are the identity there
+        order = [n for n in order if not n.endswith("-oracle")]
     lines = []
     for better, worse in zip(order, order[1:]):
-        a, b = summary[better]["eval"][str(length)], summary[worse]["eval"][str(length)]
-        if len(a["values"]) != len(b["values"]) or len(a["values"]) < 2:
+        c = found.get((better, worse))
+        sign = 1
+        if c is None:
+            c, sign = found.get((worse, better)), -1
+        if c is None:
             continue
-        d = paired_difference(a["values"], b["values"])
-        scale = 100 if report["metric"] == "accuracy" else 1
-        verdict = "significant" if d["significant"] else "within noise"
-        lines.append(f"| {describe(better)} vs {describe(worse)} | {d['mean'] * scale:+.3f} ± {d['ci95'] * scale:.3f} | {verdict} |")
+        lo, hi = sorted((sign * c["low"], sign * c["high"]))
+        verdict = "significant" if c["significant"] else "not significant"
+        lines.append(f"| {describe(better)} vs {describe(worse)} | {sign * c['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+                     f"{c['p_holm']:.3g} | {verdict} |")
+    return lines
+
+
+def _text_tables(report: dict) -> list[str]:
+    """Degradation from each model's own 1x, the learning rate and plateau, loss by position, the second corpus."""
+    summary, lengths, runs = report["summary"], report["lengths"], report["runs"]
+    lines = ["", "Degradation: each seed's bits per byte minus its own at the training length (mean ± std over seeds)", "",
+             "| model | " + " | ".join(f"Δ @ {n}" for n in lengths[1:]) + " |", "|---|" + "---|" * len(lengths[1:])]
+    for name, s in summary.items():
+        lines.append(f"| {describe(name)} | " + " | ".join(_cell(s["degradation"].get(str(n)), False) for n in lengths[1:]) + " |")
+    lines += ["", "Learning rate chosen on in-distribution validation, and the plateau rule at the end of the budget", "",
+              "| model | learning rate | validation bpb (first seed) | plateaued (seeds) |", "|---|---|---|---|"]
+    for name in summary:
+        first = next(iter(runs[name].values()))
+        if "derived_from" in first or "curve" not in first:
+            continue
+        reached = [r["plateau"]["reached"] for r in runs[name].values()]
+        val = first["curve"][-1][1] if first["curve"] else None
+        lines.append(f"| {describe(name)} | {first['lr']:g} | {'' if val is None else f'{_as_float(val):.4f}'} | "
+                     f"{sum(bool(x) for x in reached)}/{len(reached)} |")
+    longest = str(lengths[-1])
+    stretches = lengths[-1] // report["trained_lengths"][0]
+    lines += ["", f"Loss by position at {longest} bytes: bits per byte of each {report['trained_lengths'][0]}-byte stretch "
+              "(mean over windows and seeds); the first stretch is the trained range", "",
+              "| model | " + " | ".join(str(k + 1) for k in range(stretches)) + " |", "|---|" + "---|" * stretches]
+    for name in summary:
+        rows = [r["eval"].get(longest) for r in runs[name].values()]
+        if any(r is None or "by_position" not in r for r in rows):
+            continue
+        mean = [sum(_as_float(r["by_position"][k]) for r in rows) / len(rows) for k in range(stretches)]
+        lines.append(f"| {describe(name)} | " + " | ".join(f"{v:.2f}" for v in mean) + " |")
+    second = summarize_runs(report, "eval_second")
+    if second:
+        lines += ["", "Second corpus (" + str(report["config"].get("second_corpus")) + "), bits per byte", "",
+                  "| model | " + " | ".join(f"bpb @ {n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+        for name, s in second.items():
+            lines.append(f"| {describe(name)} | " + " | ".join(_cell(s["eval"].get(str(n)), False) for n in lengths) + " |")
+    buckets = [(n, r["t5_buckets"]) for n, seeds in runs.items() for r in seeds.values() if "t5_buckets" in r]
+    if buckets:
+        lines += ["", "T5 buckets after training (mean |value| over heads and seeds)", "",
+                  "| model | far bucket trained? | mean abs, trained buckets | mean abs, far bucket |", "|---|---|---|---|"]
+        for name in dict(buckets):
+            own = [b for n, b in buckets if n == name]
+            lines.append(f"| {describe(name)} | {'yes' if own[0]['far_bucket_trained'] else 'no'} | "
+                         f"{sum(b['trained_mean_abs'] for b in own) / len(own):.4f} | {sum(b['far_bucket_mean_abs'] for b in own) / len(own):.4f} |")
     return lines
 
 
@@ -107,18 +227,25 @@ def markdown_report(report: dict) -> str:
     env = report["environment"]
     lines += [
         "",
-        f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds}); the evaluation's own "
+        f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds})"
+        + (f", (k/n): seeds reaching {SUCCESS:.0%}" if percent else "") + "; the evaluation's own "
         f"standard error per cell is at most {max(ses) * (100 if percent else 1):.3f}." if ses else "",
         f"Trained for {config['steps']} steps of {config['batch']} (width {config['dim']}, {config['layers']} layers, "
-        f"{config['heads']} heads, learning rate {config['lr']}); relpos {env['relpos']}, torch {env['torch']}, "
+        f"{config['heads']} heads, " + (f"learning rate chosen per model from {', '.join(f'{v:g}' for v in config['lrs'])}"
+                                         if len(config.get("lrs") or ()) > 1 else f"learning rate {config['lr']}")
+        + f"); relpos {env['relpos']}, torch {env['torch']}, "
         f"{env['machine']}, {env['threads']} threads"
         + (f"; {report['wall_seconds'] / 60:.1f} min wall clock." if "wall_seconds" in report else "."),
     ]
-    for length in (max(trained) if trained else lengths[0], lengths[-1]):
-        rows = _differences(report, length)
-        if rows:
-            lines += ["", f"Neighbours in the ranking at {unit}{length}: paired difference over seeds, 95% t-interval",
-                      "", "| pair | difference | verdict |", "|---|---|---|", *rows]
+    if "windows" in report:
+        lines += _text_tables(report)
+        family = report.get("comparisons", {})
+        for length, measure in ((lengths[0], "bits_per_byte"), (lengths[-1], "bits_per_byte"), (lengths[-1], "degradation")):
+            rows = _differences(report, length, measure)
+            if rows:
+                lines += ["", f"Neighbours in the ranking at {unit}{length} ({measure.replace('_', ' ')}): paired bootstrap over "
+                              f"held-out files and seeds, 95% interval; p adjusted by {family.get('correction')}",
+                          "", "| pair | difference [95% interval] | p (Holm) | verdict |", "|---|---|---|---|", *rows]
     if config.get("buckets") or config.get("bucketing"):
         lines += ["", ablation_table(report)]
     return "\n".join(lines)
@@ -201,13 +328,6 @@ def plot(report: dict, path: pathlib.Path, *, title: str | None = None) -> pathl
 # --- across tasks -------------------------------------------------------------------------------
 
 
-def _beyond_training(report: dict, name: str) -> float:
-    """Mean accuracy over the lengths past training (n/a counts as 0: no answer at all)."""
-    trained = max(report["trained_lengths"], default=0)
-    cells = [report["summary"][name]["eval"][str(n)] for n in report["lengths"] if n > trained]
-    return sum(0.0 if c is None else c["mean"] for c in cells) / max(1, len(cells))
-
-
 def reciprocal_ranks(scores: dict[str, float]) -> dict[str, float]:
     """1 / rank, higher score first; tied models share the better rank.
 
@@ -217,22 +337,54 @@ def reciprocal_ranks(scores: dict[str, float]) -> dict[str, float]:
     return {n: 1.0 / (1 + sum(other > s for other in scores.values())) for n, s in scores.items()}
 
 
-def ranking(reports: dict[str, dict], models: list[str] | None = None) -> dict:
-    """Per task, accuracy past the training lengths and its reciprocal rank; the mean over tasks.
+def _beyond_per_seed(report: dict, name: str) -> list[float]:
+    """Each seed's mean accuracy over the lengths past training (n/a counts as 0)."""
+    trained = max(report["trained_lengths"], default=0)
+    seeds = sorted(report["runs"][name], key=int)
+    past = [n for n in report["lengths"] if n > trained]
+    per_seed = []
+    for seed in seeds:
+        cells = [report["runs"][name][seed]["eval"].get(str(n)) for n in past]
+        per_seed.append(sum(0.0 if c is None else _as_float(c["accuracy"]) for c in cells) / max(1, len(cells)))
+    return per_seed
+
+
+def _mrr(per_task: dict[str, dict[str, float]], names: list[str]) -> tuple[dict, list[str]]:
+    ranks = {t: reciprocal_ranks({n: scores[n] for n in names if n in scores}) for t, scores in per_task.items()}
+    counted = [t for t, scores in per_task.items() if len({scores[n] for n in names if n in scores}) > 1]
+    mrr = {n: sum(ranks[t][n] for t in counted) / len(counted) if counted else None for n in names}
+    return mrr, counted
+
+
+def ranking(reports: dict[str, dict], models: list[str] | None = None, *, resamples: int = 1000) -> dict:
+    """Per task, accuracy past the training lengths and its reciprocal rank; the mean over tasks,
+    with a 95% bootstrap interval (seeds resampled with replacement, the same seeds for every
+    model and task: the models share their seeds' data order and initial weights).
 
     A task on which every model scores the same (all 0, say) ranks nothing: it is listed under
     ``uninformative`` and left out of the mean, rather than giving every model rank 1.
     """
     names = models or [n for n in next(iter(reports.values()))["summary"]]
-    per_task, uninformative = {}, []
-    for task, report in reports.items():
-        scores = {n: _beyond_training(report, n) for n in names if n in report["summary"]}
-        per_task[task] = {"accuracy": scores, "reciprocal_rank": reciprocal_ranks(scores)}
-        if len(set(scores.values())) <= 1:
-            uninformative.append(task)
-    counted = [t for t in per_task if t not in uninformative]
-    mrr = {n: sum(per_task[t]["reciprocal_rank"][n] for t in counted) / len(counted) if counted else None for n in names}
-    return {"tasks": per_task, "mrr": mrr, "uninformative": uninformative}
+    per_seed = {t: {n: _beyond_per_seed(r, n) for n in names if n in r["summary"]} for t, r in reports.items()}
+    scores = {t: {n: sum(v) / len(v) for n, v in per.items()} for t, per in per_seed.items()}
+    mrr, counted = _mrr(scores, names)
+    per_task = {t: {"accuracy": scores[t], "reciprocal_rank": reciprocal_ranks(scores[t]),
+                    "per_seed": per_seed[t]} for t in reports}
+    seeds = min(len(v) for per in per_seed.values() for v in per.values())
+    draws = {n: [] for n in names}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(resamples if seeds > 1 else 0):
+        pick = torch.randint(0, seeds, (seeds,), generator=g).tolist()
+        sample = {t: {n: sum(v[i] for i in pick) / seeds for n, v in per.items()} for t, per in per_seed.items()}
+        for n, value in _mrr(sample, names)[0].items():
+            if value is not None:
+                draws[n].append(value)
+    interval = {}
+    for n, values in draws.items():
+        if values:
+            low, high = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+            interval[n] = [low, high]
+    return {"tasks": per_task, "mrr": mrr, "mrr_ci95": interval, "uninformative": [t for t in reports if t not in counted]}
 
 
 def ranking_markdown(reports: dict[str, dict]) -> str:
@@ -240,13 +392,26 @@ def ranking_markdown(reports: dict[str, dict]) -> str:
     everyone = ranking(reports)
     five = ranking(reports, [n for n in KAZEMNEJAD_MRR if all(n in r["summary"] for r in reports.values())])
     tasks = list(reports)
-    lines = ["| model | " + " | ".join(f"{t} (past training)" for t in tasks) + " | MRR, all models | MRR, the paper's five | paper's MRR |",
+    lines = ["| model | " + " | ".join(f"{t} (past training; seeds ≥ {SUCCESS:.0%} at the first longer n)" for t in tasks)
+             + " | MRR, all models [95% bootstrap] | MRR, the paper's five | paper's MRR |",
              "|---|" + "---|" * (len(tasks) + 3)]
     number = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+
+    def successes(task: str, name: str) -> str:
+        report = reports[task]
+        past = [n for n in report["lengths"] if n > max(report["trained_lengths"], default=0)]
+        cell = report["summary"][name]["eval"].get(str(past[0])) if past else None
+        return "n/a" if cell is None else f"{cell.get('successes', 0)}/{cell['n']}"
+
+    def interval(name: str) -> str:
+        ci = everyone["mrr_ci95"].get(name)
+        return "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+
     for name in sorted(everyone["mrr"], key=lambda n: -(everyone["mrr"][n] or 0)):
-        accs = " | ".join(f"{100 * everyone['tasks'][t]['accuracy'][name]:.1f}%" for t in tasks)
+        accs = " | ".join(f"{100 * everyone['tasks'][t]['accuracy'][name]:.1f}% ({successes(t, name)})" for t in tasks)
         paper = f"{KAZEMNEJAD_MRR[name]:.2f}" if name in KAZEMNEJAD_MRR else ""
-        lines.append(f"| {describe(name)} | {accs} | {number(everyone['mrr'][name])} | {number(five['mrr'].get(name))} | {paper} |")
+        lines.append(f"| {describe(name)} | {accs} | {number(everyone['mrr'][name])}{interval(name)} | "
+                     f"{number(five['mrr'].get(name))} | {paper} |")
     if everyone["uninformative"]:
         lines += ["", f"Left out of the MRR: {', '.join(everyone['uninformative'])} (every model scores the same there)."]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ nccl on GPU): each rank trains on its slice of the same global batch.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -27,15 +28,17 @@ import torch.nn.functional as F
 
 import relpos
 
-from .._io import json_safe, save_torch, write_text
+from .._io import json_safe, save_torch, save_with, write_text
 from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
+from .diagnostics import attention_by_distance
 from .model import LMConfig, TransformerLM
 from .problems import TaskProblem, TextProblem
-from .report import markdown_report, plot, summarize_runs
+from ..buckets import relative_position_bucket
+from .report import compare_all, markdown_report, plot, summarize_runs
 from .variants import MODELS, ROPE_SCALING_ROWS, models, rope_scaling
 
-__all__ = ["PRESETS", "TASK_PRESETS", "RunConfig", "make_problem", "train_steps", "run"]
+__all__ = ["PRESETS", "TASK_PRESETS", "RunConfig", "make_problem", "train_steps", "plateau", "estimate", "t5_buckets", "run"]
 
 PRESETS: dict[str, dict] = {
     # the default run: three seeds of ten models, about 8 minutes on 2 CPU cores (docs/extrapolate.md)
@@ -44,6 +47,15 @@ PRESETS: dict[str, dict] = {
     # longer and larger, for better numbers: several times the default run's time
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536,
                  max_bytes=None, seeds=(0, 1, 2)),
+    # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding,
+    # learning curves, 1 MB of held-out text from many files at every length, a second corpus
+    # (C headers), bootstrap intervals; with the tasks' reference about two hours on 2 cores
+    # (--estimate-only prints the estimate from measured step and evaluation times)
+    "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, lr=3e-3, lrs=(1e-3, 3e-3, 1e-2),
+                      eval_every=100, eval_tokens=1_048_576, max_bytes=None, seeds=(0, 1, 2),
+                      encodings=(*MODELS, "rope_randomized"),
+                      second_corpus="/usr/include", second_eval_tokens=131_072,
+                      rope_scalings=("linear", "dynamic", "yarn", "linear-oracle", "yarn-oracle")),
     # seconds: for tests and a first look
     "smoke": dict(dim=32, layers=1, heads=2, train_len=16, batch=8, steps=12, lr=3e-3, eval_tokens=512,
                   max_bytes=200_000, seeds=(0,)),
@@ -55,6 +67,10 @@ TASK_PRESETS: dict[str, dict] = {
                     test_lengths=(4, 8, 10, 12, 16, 24, 32), eval_instances=128, seeds=(0, 1, 2)),
     "full": dict(dim=64, layers=5, heads=4, batch=64, steps=3000, lr=1e-3, train_max=20,
                  test_lengths=(10, 20, 30, 40, 60, 80, 100), eval_instances=512, seeds=(0, 1, 2, 3, 4)),
+    # the committed evidence: five seeds, a learning-rate sweep, Kazemnejad et al.'s parity and summation too
+    "reference": dict(dim=64, layers=2, heads=4, batch=32, steps=1000, lr=3e-3, lrs=(1e-3, 3e-3), eval_every=100,
+                      train_max=8, test_lengths=(4, 8, 10, 12, 16, 24, 32), eval_instances=256, seeds=(0, 1, 2, 3, 4),
+                      encodings=(*MODELS, "rope_randomized"), rope_scalings=("linear", "dynamic", "linear-oracle")),
     "smoke": dict(dim=32, layers=1, heads=2, batch=8, steps=12, lr=3e-3, train_max=4,
                   test_lengths=(2, 4, 8), eval_instances=16, seeds=(0,)),
 }
@@ -75,12 +91,17 @@ class RunConfig:
     batch: int = 32
     steps: int = 500
     lr: float = 3e-3
+    lrs: tuple[float, ...] = ()  # a learning-rate sweep (chosen per model on validation); empty: ``lr`` alone
+    eval_every: int = 0  # steps between validation points of the learning curve (0: only at the end)
+    rope_factor: float | None = None  # the fixed RoPE scaling factor (None: the longest length / train length)
     # text
     train_len: int = 64
     eval_tokens: int = 16384
     max_bytes: int | None = 2_000_000
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
     corpus: str | None = None
+    second_corpus: str | None = None  # a second held-out text (another language), evaluated the same way
+    second_eval_tokens: int = 0
     buckets: tuple[int, ...] = ()  # ablation: T5 with these bucket counts
     bucketing: tuple[str, ...] = ()  # ablation: T5 with these bucketing strategies
     # algorithmic tasks
@@ -97,8 +118,9 @@ class RunConfig:
 
 
 # what a result depends on: resuming with any of it changed is refused
-_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "lr", "train_len", "corpus", "max_bytes",
-                "eval_tokens", "multipliers", "train_max", "test_lengths", "eval_instances", "rope_scalings")
+_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "lr", "lrs", "eval_every", "rope_factor", "train_len",
+                "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
+                "test_lengths", "eval_instances", "rope_scalings")
 
 
 def make_problem(config: RunConfig) -> TextProblem | TaskProblem:
@@ -112,7 +134,11 @@ def make_problem(config: RunConfig) -> TextProblem | TaskProblem:
             f"the validation text ({corpus.val.numel()} bytes) is shorter than one evaluation window at the longest "
             f"length ({longest} + 1 bytes): use a larger corpus or smaller --multipliers / --train-len"
         )
-    return TextProblem(corpus, train_len=config.train_len, multipliers=config.multipliers, eval_tokens=config.eval_tokens)
+    second = None
+    if config.second_corpus:
+        second = load_corpus(config.second_corpus, max_bytes=config.max_bytes)
+    return TextProblem(corpus, train_len=config.train_len, multipliers=config.multipliers, eval_tokens=config.eval_tokens,
+                       second=second, second_tokens=config.second_eval_tokens or config.eval_tokens)
 
 
 # --- distributed ------------------------------------------------------------------------------
@@ -131,16 +157,17 @@ def _dist_context() -> tuple[int, int]:
 # --- training -----------------------------------------------------------------------------------
 
 
-def _lr_at(step: int, config: RunConfig) -> float:
+def _lr_at(step: int, config: RunConfig, lr: float | None = None) -> float:
+    lr = config.lr if lr is None else lr
     warmup = max(1, config.steps // 20)
     if step < warmup:
-        return config.lr * (step + 1) / warmup
+        return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, config.steps - warmup)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine to 10%
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine to 10%
 
 
 def train_steps(model, optimizer, problem, config: RunConfig, seed: int, start: int, stop: int, *,
-                rank: int = 0, world: int = 1, on_step=None) -> list[float]:
+                rank: int = 0, world: int = 1, on_step=None, lr: float | None = None) -> list[float]:
     """Steps ``start .. stop - 1``. The batch of step ``s`` depends only on (seed, s): every model
     sees the same data in the same order, and each rank takes its slice of it."""
     losses = []
@@ -150,7 +177,7 @@ def train_steps(model, optimizer, problem, config: RunConfig, seed: int, start: 
         x, y = problem.batch(seed * 1_000_003 + step, config.batch)  # (B, L) each
         x, y = x[rank::world].to(device), y[rank::world].to(device)
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config)
+            group["lr"] = _lr_at(step, config, lr)
         logits = model(x)  # (B / world, L, vocab)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
         optimizer.zero_grad(set_to_none=True)
@@ -163,13 +190,32 @@ def train_steps(model, optimizer, problem, config: RunConfig, seed: int, start: 
     return losses
 
 
-def _checkpoint_path(config: RunConfig, name: str, seed: int) -> pathlib.Path:
-    return pathlib.Path(config.out) / "checkpoints" / f"{name.replace(' ', '_')}.seed{seed}.pt"
+#: the stated plateau rule: the validation loss fell by less than this fraction over the last fifth of training
+PLATEAU_GAIN = 0.01
 
 
-def _fingerprint(lm_config: LMConfig, config: RunConfig, seed: int) -> dict:
+def plateau(curve: list[tuple[int, float]], steps: int) -> dict:
+    """Whether a learning curve ``[(step, validation loss), ...]`` has plateaued by the end of the
+    budget: the last point is within ``PLATEAU_GAIN`` (relative) of the point at 80% of the steps.
+
+    >>> plateau([(0, 5.0), (80, 2.02), (100, 2.0)], 100)["reached"]
+    True
+    """
+    if len(curve) < 2:
+        return {"rule": f"gain < {PLATEAU_GAIN:.0%} over the last 20% of steps", "reached": None, "gain": None}
+    end = curve[-1][1]
+    earlier = [v for step, v in curve if step <= 0.8 * steps] or [curve[0][1]]
+    gain = (earlier[-1] - end) / abs(earlier[-1]) if earlier[-1] else 0.0
+    return {"rule": f"gain < {PLATEAU_GAIN:.0%} over the last 20% of steps", "reached": gain < PLATEAU_GAIN, "gain": gain}
+
+
+def _checkpoint_path(config: RunConfig, name: str, seed: int, lr: float) -> pathlib.Path:
+    return pathlib.Path(config.out) / "checkpoints" / f"{name.replace(' ', '_')}.lr{lr:g}.seed{seed}.pt"
+
+
+def _fingerprint(lm_config: LMConfig, config: RunConfig, seed: int, lr: float) -> dict:
     fields = asdict(config)
-    return {"model": asdict(lm_config), "seed": seed, **{k: fields[k] for k in _RESUME_KEYS}}
+    return {"model": asdict(lm_config), "seed": seed, **{k: fields[k] for k in _RESUME_KEYS}, "run_lr": lr}
 
 
 def _check_same(what: str, saved: dict, requested: dict) -> None:
@@ -186,32 +232,46 @@ def _norm(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def _train(name: str, lm_config: LMConfig, seed: int, problem, config: RunConfig, rank: int, world: int, progress):
-    """Train one model under one seed (continuing from its checkpoint with ``resume``)."""
+def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config: RunConfig, rank: int, world: int,
+           progress, *, reuse: bool = False):
+    """Train one model under one seed and learning rate (continuing from its checkpoint with
+    ``resume``, or ``reuse``: a checkpoint this run wrote, the sweep's run of the chosen rate).
+    Returns the model, the training losses, the learning curve ``[(step, validation loss)]`` and the seconds."""
     torch.manual_seed(seed)  # same initial weights, per seed, for what the models share
     model = TransformerLM(lm_config)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    ckpt = _checkpoint_path(config, name, seed)
-    fingerprint = _fingerprint(lm_config, config, seed)
-    start = 0
-    if config.resume and ckpt.exists():
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    ckpt = _checkpoint_path(config, name, seed, lr)
+    fingerprint = _fingerprint(lm_config, config, seed, lr)
+    start, losses, curve, seconds = 0, [], [], 0.0
+    if (config.resume or reuse) and ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
         _check_same("checkpoint " + str(ckpt), state.get("fingerprint", {}), fingerprint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
+        start, losses = int(state["step"]), list(state.get("losses", []))
+        curve, seconds = [tuple(c) for c in state.get("curve", [])], float(state.get("seconds", 0.0))
         progress.step(f"{name} seed {seed}: resumed at step {start}", start)
+    began = time.perf_counter() - seconds
 
     def on_step(step: int, loss: float) -> None:
-        progress.step(f"{name} seed {seed} loss {loss:.3f}")
-        if rank == 0 and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1, "fingerprint": fingerprint}
+        losses.append(loss)
+        progress.step(f"{name} lr {lr:g} seed {seed} loss {loss:.3f}")
+        done = step + 1
+        if config.eval_every and (done % config.eval_every == 0) and done != config.steps:
+            curve.append((done, problem.validate(model)))
+        if done == config.steps:
+            curve.append((done, problem.validate(model)))
+        if rank == 0 and (done % config.checkpoint_every == 0 or done == config.steps):
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
+                     "fingerprint": fingerprint, "losses": losses, "curve": [list(c) for c in curve],
+                     "seconds": time.perf_counter() - began}
             save_torch(state, ckpt)  # atomic: a kill mid-write leaves the previous checkpoint
 
-    began = time.perf_counter()
-    losses = train_steps(ddp, optimizer, problem, config, seed, start, config.steps, rank=rank, world=world, on_step=on_step)
-    return model, losses, time.perf_counter() - began
+    if start == 0 and config.eval_every:
+        curve.append((0, problem.validate(model)))
+    train_steps(ddp, optimizer, problem, config, seed, start, config.steps, rank=rank, world=world, on_step=on_step, lr=lr)
+    return model, losses, curve, time.perf_counter() - began
 
 
 def _result(model: TransformerLM, losses: list[float], seconds: float, evals: dict, **extra) -> dict:
@@ -227,6 +287,23 @@ def _result(model: TransformerLM, losses: list[float], seconds: float, evals: di
         "eval": evals,
         **extra,
     }
+
+
+def t5_buckets(model: TransformerLM, train_len: int) -> dict | None:
+    """T5's learned bucket values after training (mean over heads) and which buckets the trained
+    distances ``0 .. train_len - 1`` reach: a bucket no trained distance reaches keeps its initial value."""
+    if model.config.encoding != "t5":
+        return None
+    bias = model.position
+    distances = -torch.arange(train_len)  # key - query of every trained (causal) pair
+    reached = relative_position_bucket(distances, bidirectional=False, num_buckets=bias.num_buckets,
+                                       max_distance=bias.max_distance, strategy=bias.strategy).unique().tolist()
+    table = bias.relative_attention_bias.weight.detach().double()  # (buckets, H)
+    untrained = [b for b in range(bias.num_buckets) if b not in reached]
+    return {"values": table.mean(1).tolist(), "trained_buckets": reached, "untrained_buckets": untrained,
+            "far_bucket": bias.num_buckets - 1, "far_bucket_trained": bias.num_buckets - 1 in reached,
+            "far_bucket_mean_abs": float(table[-1].abs().mean()),
+            "trained_mean_abs": float(table[reached].abs().mean())}
 
 
 def _environment() -> dict:
@@ -250,21 +327,126 @@ def _check_writable(out: str) -> None:
         raise ValueError(f"--out {out!r} is not a writable folder ({exc.strerror})") from None
 
 
-def _previous_runs(config: RunConfig, path: pathlib.Path) -> dict:
+def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
+    """The finished runs and sweep runs of an earlier run in ``--out`` (with ``resume``)."""
     if not (config.resume and path.exists()):
-        return {}
+        return {}, {}
     saved = json.loads(path.read_text())
     requested = asdict(config)
     _check_same(str(path), {k: saved["config"].get(k) for k in _RESUME_KEYS}, {k: requested.get(k) for k in _RESUME_KEYS})
-    return saved["runs"]
+    return saved["runs"], saved.get("sweep", {})
 
 
-def run(config: RunConfig) -> dict:
+def _plain_rope(lm_config: LMConfig) -> bool:
+    """RoPE at consecutive positions: the model the scaling rows evaluate."""
+    return lm_config.encoding == "rope" and not lm_config.randomized_positions
+
+
+def _windows_path(config: RunConfig) -> pathlib.Path:
+    return pathlib.Path(config.out) / "windows.json.gz"
+
+
+def _write_report(report: dict, windows: dict, config: RunConfig) -> None:
+    """results.json without the per-window losses, which go to windows.json.gz
+    (``{model: {seed: {"main" | "second": {length: [bits per byte of each window]}}}}``, the window
+    order of ``report["windows"]``): the file-level means in results.json are what the bootstrap reads."""
+    out = pathlib.Path(config.out)
+    for name, seeds in report["runs"].items():
+        for seed, run in seeds.items():
+            for key, which in (("eval", "main"), ("eval_second", "second")):
+                for length, cell in (run.get(key) or {}).items():
+                    if cell is not None and "windows" in cell:
+                        windows.setdefault(name, {}).setdefault(seed, {}).setdefault(which, {})[length] = cell.pop("windows")
+    write_text(out / "results.json", json.dumps(json_safe(report), indent=1))
+    if windows:
+        save_with(lambda tmp: tmp.write_bytes(gzip.compress(json.dumps(json_safe(windows)).encode(), mtime=0)),
+                  _windows_path(config))
+
+
+def _previous_windows(config: RunConfig) -> dict:
+    path = _windows_path(config)
+    return json.loads(gzip.decompress(path.read_bytes())) if config.resume and path.exists() else {}
+
+
+def _fixed_rope_factor(config: RunConfig, problem) -> float:
+    """The fixed RoPE factor, set once from the configuration before any evaluation."""
+    if config.rope_factor is not None:
+        return float(config.rope_factor)
+    tokens = getattr(problem, "input_length", lambda n: n)
+    return max(1.0, max(tokens(n) for n in problem.lengths) / problem.train_len)
+
+
+#: training steps timed per model for the estimate (their median is used)
+ESTIMATE_STEPS = 5
+
+
+def estimate(config: RunConfig, problem, plan: list[tuple[str, LMConfig]], lrs: tuple[float, ...]) -> dict:
+    """Seconds the run should take on this machine, from measured per-step and per-window times:
+    (sweep runs + seeds beyond the first) x steps x step time + every evaluation."""
+    total, per_model = 0.0, {}
+    seeds = len(config.seeds)
+    for name, lm_config in plan:
+        torch.manual_seed(0)
+        model = TransformerLM(lm_config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        times = []
+        for step in range(ESTIMATE_STEPS + 1):  # the first step warms up
+            began = time.perf_counter()
+            train_steps(model, optimizer, problem, config, 0, step, step + 1)
+            times.append(time.perf_counter() - began)
+        step_time = sorted(times[1:])[len(times[1:]) // 2]  # the median: one slow phase of a shared machine does not set it
+        runs = (len(lrs) if len(lrs) > 1 else 1) + seeds - 1
+        curve_points = config.steps // config.eval_every if config.eval_every else 1
+        began = time.perf_counter()
+        problem.validate(model)
+        validate = time.perf_counter() - began
+        began = time.perf_counter()
+        evaluate = problem.estimate_eval(model) if hasattr(problem, "estimate_eval") else 0.0
+        rows = 1 + (len(config.rope_scalings) if _plain_rope(lm_config) else 0)
+        seconds = runs * (config.steps * step_time + curve_points * validate) + seeds * rows * evaluate
+        per_model[name] = {"step_seconds": step_time, "eval_seconds": evaluate, "seconds": seconds}
+        total += seconds
+    return {"seconds": total, "models": per_model}
+
+
+def _log(progress, line: str) -> None:
+    progress.log(time.strftime("%H:%M:%S ") + line)
+
+
+def _sweep(plan, lrs, problem, config, rank, world, progress, previous: dict, report: dict, results_path) -> dict:
+    """Stage 1: every model at every learning rate on the first seed; the rate with the lowest final
+    validation loss is chosen. Returns ``{model: chosen lr}``."""
+    chosen = {}
+    seed = config.seeds[0]
+    for name, lm_config in plan:
+        done = previous.get(name, {})
+        record = report["sweep"].setdefault(name, {})
+        for lr in lrs:
+            key = f"{lr:g}"
+            if key in done:
+                record[key] = done[key]
+                continue
+            _, losses, curve, seconds = _train(name, lm_config, seed, lr, problem, config, rank, world, progress)
+            record[key] = {"val": curve[-1][1], "curve": curve, "train_loss": sum(losses[-20:]) / len(losses[-20:]),
+                           "seconds": seconds}
+            _log(progress, f"sweep {name} lr {key} seed {seed}: validation {curve[-1][1]:.4f} ({seconds:.0f} s)")
+            if rank == 0:
+                write_text(results_path, json.dumps(json_safe(report), indent=1))
+        finite = {k: v["val"] for k, v in record.items() if math.isfinite(float(v["val"]))}
+        chosen[name] = float(min(finite, key=finite.get)) if finite else lrs[0]
+        report["chosen_lr"][name] = chosen[name]
+    return chosen
+
+
+def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     """Train and evaluate every model under every seed; write results.json, results.md and the plot.
 
-    ``report["runs"][name][str(seed)]`` holds one seed's result, ``report["summary"][name][length]``
-    the mean and spread over seeds. Rows ``rope + <scaling>`` are the trained RoPE model evaluated
-    with that scaling (no training of their own).
+    With several ``lrs``, a first stage trains every model at each rate on the first seed and keeps
+    the rate with the lowest in-distribution validation loss; the seeds then train at that rate
+    (the first seed's run is the sweep's). ``report["runs"][name][str(seed)]`` holds one seed's
+    result, ``report["summary"][name][length]`` the mean and spread over seeds, and
+    ``report["comparisons"]`` the paired bootstrap of every pair (Holm-adjusted). Rows
+    ``rope + <scaling>`` are the trained RoPE model evaluated with that scaling (no training of their own).
     """
     began = time.perf_counter()
     rank, world = _dist_context()
@@ -275,46 +457,85 @@ def run(config: RunConfig) -> dict:
     problem = make_problem(config)
     out = pathlib.Path(config.out)
     results_path = out / "results.json"
-    previous = _previous_runs(config, results_path)
+    previous, previous_sweep = _previous_runs(config, results_path)
+    windows = _previous_windows(config)
+    tokens = getattr(problem, "input_length", lambda n: n)
     plan = models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
-                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing)
-    scalings = config.rope_scalings if any(c.encoding == "rope" for _, c in plan) else ()
+                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
+                  max_positions=max(tokens(n) for n in problem.lengths))
+    scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
+    lrs = tuple(config.lrs) or (config.lr,)
+    rope_factor = _fixed_rope_factor(config, problem)
+    progress = Progress(1, enabled=False)
+    if estimate_only or rank == 0:
+        guess = estimate(config, problem, plan, lrs)
+        _log(progress, f"estimated time on this machine: {guess['seconds'] / 60:.0f} min "
+                       f"({len(plan)} models, {len(config.seeds)} seeds, {len(lrs)} learning rates, {config.steps} steps)")
+        if estimate_only:
+            return {"estimate": guess}
     report = {"environment": _environment(), "config": asdict(config), "problem": problem.describe(),
               "metric": problem.metric, "higher_is_better": problem.higher_is_better, "lengths": problem.lengths,
-              "trained_lengths": problem.trained_lengths, "world_size": world, "runs": {}}
+              "trained_lengths": problem.trained_lengths, "world_size": world, "rope_factor": rope_factor,
+              "sweep": {}, "chosen_lr": {}, "runs": {}}
+    if hasattr(problem, "windows"):
+        report["windows"] = {which: problem.windows(which) for which in problem.test_sets}
     per_model = config.steps + len(problem.lengths) * (1 + len(scalings))
-    progress = Progress(len(plan) * len(config.seeds) * per_model, enabled=config.progress and rank == 0)
+    progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model, enabled=config.progress and rank == 0)
+    chosen = (_sweep(plan, lrs, problem, config, rank, world, progress, previous_sweep, report, results_path)
+              if len(lrs) > 1 else {name: lrs[0] for name, _ in plan})
+    report["chosen_lr"] = chosen
     for name, lm_config in plan:
         for seed in config.seeds:
             key = str(seed)
             done = previous.get(name, {}).get(key)
             if done is not None and done.get("eval") is not None:
                 report["runs"].setdefault(name, {})[key] = done  # finished in an earlier run
-                for kind in scalings if lm_config.encoding == "rope" else ():
+                for kind in scalings if _plain_rope(lm_config) else ():
                     report["runs"].setdefault(f"rope + {kind}", {})[key] = previous[f"rope + {kind}"][key]
                 progress.step(f"{name} seed {seed}: done earlier", per_model)
                 continue
-            model, losses, seconds = _train(name, lm_config, seed, problem, config, rank, world, progress)
+            lr = chosen[name]
+            model, losses, curve, seconds = _train(name, lm_config, seed, lr, problem, config, rank, world, progress,
+                                                   reuse=len(lrs) > 1 and seed == config.seeds[0])
             if rank == 0:
-                report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model))
+                extra = {"lr": lr, "curve": curve, "plateau": plateau(curve, config.steps)}
+                if getattr(problem, "second", None) is not None:
+                    extra["eval_second"] = problem.evaluate(model, which="second")
+                buckets = t5_buckets(model, problem.train_len)
+                if buckets is not None:
+                    extra["t5_buckets"] = buckets
+                if hasattr(problem, "attention_windows"):
+                    extra["attention"] = {str(n): attention_by_distance(model, problem.attention_windows(n), problem.train_len)
+                                          for n in (problem.lengths[0], problem.lengths[-1])
+                                          if model.max_length() is None or n <= model.max_length()}
+                report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
                 progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
-                if lm_config.encoding == "rope":
+                if _plain_rope(lm_config):
                     for kind in scalings:
                         head_dim = lm_config.dim // lm_config.heads
-                        rotary_for = lambda length, kind=kind: rope_scaling(kind, head_dim, length, problem.train_len)  # noqa: E731
+                        rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731
+                            kind, head_dim, length, problem.train_len, rope_factor)
                         evals = problem.evaluate(model, rotary_for)
                         report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
-                            model, losses, seconds, evals, derived_from=name, rope_scaling=kind)
+                            model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
                         progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
-                write_text(results_path, json.dumps(json_safe(report), indent=1))  # after every model: a kill loses one
+                _write_report(report, windows, config)  # after every model: a kill loses one
+                cells = report["runs"][name][key]["eval"]
+                first, last = cells.get(str(problem.lengths[0])), cells.get(str(problem.lengths[-1]))
+                show = lambda c: "n/a" if c is None else f"{c[problem.metric]:.4f}"  # noqa: E731
+                _log(progress, f"{name} seed {seed} lr {lr:g}: {problem.metric} {show(first)} at {problem.lengths[0]}, "
+                               f"{show(last)} at {problem.lengths[-1]} ({seconds:.0f} s training, "
+                               f"{(time.perf_counter() - began) / 60:.1f} min so far)")
     progress.close()
     if rank == 0:
         report["summary"] = summarize_runs(report)
+        report["comparisons"] = compare_all(report)
         report["wall_seconds"] = time.perf_counter() - began
-        write_text(results_path, json.dumps(json_safe(report), indent=1))
+        _write_report(report, windows, config)
         write_text(out / "results.md", markdown_report(report) + "\n")
         if config.plot:
             plot(report, out / "extrapolate.png")
+        _log(progress, f"done: {results_path} ({report['wall_seconds'] / 60:.1f} min)")
     if dist.is_initialized():
         dist.barrier()
     return report

@@ -7,7 +7,9 @@ Each instance is a digit string ``x`` of length ``n``, a separator, and the answ
 * ``sort``: the digits of ``x`` in ascending order;
 * ``addition``: ``x`` is ``a + b`` with two ``n``-digit numbers written least significant digit
   first, the answer ``a + b`` in ``n + 1`` digits, least significant first (the order in which
-  carries are computed).
+  carries are computed);
+* ``parity``: ``x`` is ``n`` bits, the answer one token, their sum mod 2 (Kazemnejad et al. 2023);
+* ``summation``: the sum of the ``n`` digits mod 10, one token (Kazemnejad et al. 2023).
 
 The model reads ``[BOS, x, "=", answer]`` left to right (the start token gives a model without
 position encoding something to count from, as in Kazemnejad et al. 2023) and is trained on the answer's tokens only.
@@ -56,6 +58,7 @@ class Task:
     description: str
     digits: Callable[[int], int]  # random digits drawn for length n
     solve: Callable[[list[int]], tuple[list[int], list[int]]]  # digits -> (prompt, answer)
+    base: int = 10  # digits are drawn from 0 .. base - 1
 
     def instance(self, digits: Sequence[int]) -> tuple[torch.Tensor, int]:
         """Tokens ``[BOS, prompt, SEP, answer]`` (int64) and the index where the answer starts."""
@@ -68,7 +71,7 @@ class Task:
         return self.instance([0] * self.digits(n))[0].numel()
 
     def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, int]:
-        digits = torch.randint(0, 10, (self.digits(n),), generator=generator)
+        digits = torch.randint(0, self.base, (self.digits(n),), generator=generator)
         return self.instance(digits.tolist())
 
 
@@ -77,6 +80,8 @@ TASKS: dict[str, Task] = {
     "reverse": Task("reverse", "the digits in reverse order", lambda n: n, lambda d: (d, d[::-1])),
     "sort": Task("sort", "the digits in ascending order", lambda n: n, lambda d: (d, sorted(d))),
     "addition": Task("addition", "sum of two n-digit numbers, least significant digit first", lambda n: 2 * n, _add_lsb_first),
+    "parity": Task("parity", "parity of n bits", lambda n: n, lambda d: (d, [sum(d) % 2]), base=2),
+    "summation": Task("summation", "sum of n digits mod 10", lambda n: n, lambda d: (d, [sum(d) % 10])),
 }
 
 

@@ -1,0 +1,78 @@
+"""Diagnostics that test the explanations: where attention goes, by distance, at 1x and past it.
+
+``attention_by_distance`` runs a model with every layer on the eager reference path and records
+its softmax weights (the only place the experiment materialises (B, H, L, L): a few windows,
+for a diagnostic). A model whose encoding has its own attention path (Shaw, CoPE, forgetting
+gates) is not covered and gives ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from unittest import mock
+
+import torch
+
+from .model import TransformerLM
+
+_attention = importlib.import_module("relpos.attention")  # the module: ``relpos.attention`` the name is its function
+
+__all__ = ["distance_bins", "attention_by_distance"]
+
+
+def distance_bins(length: int) -> list[tuple[int, int]]:
+    """Distance bins ``[lo, hi)``: 0, 1, then powers of two up to ``length``.
+
+    >>> distance_bins(10)
+    [(0, 1), (1, 2), (2, 4), (4, 8), (8, 10)]
+    """
+    bins, lo = [(0, 1)], 1
+    while lo < length:
+        hi = min(length, 2 * lo)
+        bins.append((lo, hi))
+        lo = hi
+    return bins
+
+
+@torch.no_grad()
+def attention_by_distance(model: TransformerLM, tokens: torch.Tensor, train_len: int) -> dict | None:
+    """The share of attention each distance bin gets (mean over queries, heads, layers and
+    windows), and the share that goes to distances at or past ``train_len`` (never trained).
+
+    ``tokens``: ``(N, L)`` windows. ``None`` for encodings outside the shared attention path.
+    """
+    attns = [block.attn for block in model.blocks]
+    if any(type(a.position).__name__ in ("ShawRelativePosition", "CoPE", "ForgettingGate") for a in attns):
+        return None
+    length = tokens.shape[1]
+    distance = (torch.arange(length)[:, None] - torch.arange(length)[None, :]).clamp(min=0)  # (L, L), query - key
+    mass = torch.zeros(length, dtype=torch.float64)  # by distance, summed
+    calls = {"n": 0}
+    real = _attention.masked_softmax
+
+    def recording(scores: torch.Tensor) -> torch.Tensor:
+        weights = real(scores)  # (B, H, Lq, Lk)
+        mass.index_add_(0, distance.flatten(), weights.double().sum((0, 1)).flatten())
+        calls["n"] += weights.shape[0] * weights.shape[1] * weights.shape[2]  # queries counted
+        return weights
+
+    backends = [a.backend for a in attns]
+    model.eval()
+    try:
+        for a in attns:
+            a.backend = "eager"
+        with mock.patch.object(_attention, "masked_softmax", recording), contextlib.ExitStack():
+            for row in range(tokens.shape[0]):
+                model(tokens[row : row + 1])
+    finally:
+        for a, backend in zip(attns, backends):
+            a.backend = backend
+    if calls["n"] == 0:
+        return None
+    share = mass / calls["n"]  # (L,): each query's weights sum to 1
+    bins = distance_bins(length)
+    return {"bins": [list(b) for b in bins], "share": [float(share[lo:hi].sum()) for lo, hi in bins],
+            "past_training": float(share[train_len:].sum()), "length": length,
+            "mean_distance": float((share * torch.arange(length)).sum()), "log2_length": math.log2(length)}
