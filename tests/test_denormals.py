@@ -129,3 +129,31 @@ def test_unbiased_training_is_sdpa_with_a_flushed_backward(monkeypatch, causal):
     qs = q.clone().requires_grad_()
     attention(qs, k, v, causal=causal).sum().backward()
     assert seen == [True] and not _flush_on()
+
+
+def _team_states() -> list[bool]:
+    """Each OpenMP thread's flush state (torch's GNU OpenMP team, 2 threads)."""
+    import ctypes
+
+    states = []
+
+    @dn._REGION
+    def probe(_data):
+        states.append(_flush_on())
+
+    dn._TEAM[0](probe, None, ctypes.c_uint(2), ctypes.c_uint(0))
+    return states
+
+
+def test_every_openmp_thread_flushes_inside_and_none_after(monkeypatch):
+    """torch's workers keep their own flag: relpos sets it on each thread of the team and restores it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with dn.flushing(torch.ones(1)):
+            assert dn._TEAM and dn._TEAM[0] is not None, "this Linux torch runs GNU OpenMP: the team must be found"
+            inside = _team_states()
+        after = _team_states()
+    finally:
+        torch.set_num_threads(threads)
+    assert inside == [True, True] and after == [False, False]
