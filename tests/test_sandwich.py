@@ -69,3 +69,21 @@ def test_flex_equals_eager_on_cpu_inference():
         expected = attention(q, k, v, bias=bias, causal=True, key_mask=padding_mask(2, 64), backend="eager")
     assert torch.allclose(out, expected, atol=1e-5)
     assert (expected - attention(q, k, v, causal=True, key_mask=padding_mask(2, 64), backend="eager")).abs().max() > 0.05
+
+
+def test_the_per_distance_cache_equals_the_formula_as_it_grows():
+    """bias_at keeps the per-distance sums and grows them: every call equals the paper's sum, in any order."""
+    import math
+
+    bias = SandwichBias(2, dim=12)
+
+    def formula(r):  # (sum_k cos(r / 10000^(2k/d')) - d'/2) / (8 h'/H), fp64
+        inner = sum(math.cos(r / 10000 ** (2 * k / 12)) for k in range(1, 7)) - 6
+        return [inner / (8 * h / 2) for h in (1, 2)]
+
+    for offsets in ([0, -3, 2], list(range(-40, 41)), [5, -1], [-300, 299, 7]):
+        got = bias.bias_at(torch.tensor(offsets))  # (H, n)
+        want = torch.tensor([formula(r) for r in offsets], dtype=torch.float64).T.float()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    fractional = bias.bias_at(torch.tensor([0.5, -2.5]))  # not an index into the cache
+    torch.testing.assert_close(fractional, torch.tensor([formula(0.5), formula(-2.5)]).T.float(), rtol=1e-6, atol=1e-6)
