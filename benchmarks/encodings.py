@@ -129,11 +129,14 @@ def timings(lengths, rounds: int, names) -> dict:
 def memory_of(name: str, length: int, train: bool) -> float:
     """Peak extra MiB of one call of ``name``, in a fresh process."""
     code = (  # this file is loaded by path: its name would clash with the standard library's `encodings`
-        "import resource, gc, importlib.util as u; "
+        "import gc, importlib.util as u; "
         f"s = u.spec_from_file_location('bench_encodings', {__file__!r}); b = u.module_from_spec(s); s.loader.exec_module(b); "
-        f"call = b.make({name!r}, {length}, {train}); gc.collect(); "
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; call(); "
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)"
+        f"call = b.make({name!r}, {length}, {train}); call(); gc.collect(); "  # a first call: lazy buffers and caches
+        # Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS, so the imports'
+        # own high-water mark (larger than one call at these sizes) does not hide the call's
+        "open('/proc/self/clear_refs', 'w').write('5'); "
+        "kb = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+        "before = kb('VmRSS:'); call(); print((kb('VmHWM:') - before) / 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -153,7 +156,7 @@ def markdown(results: dict, memory: dict, lengths, command: str, title: str, loa
         "Causal self-attention, B = 1, H = 8, d = 64, fp32. Forward: under `torch.no_grad`; train: forward + backward "
         "into q, k, v and the encoding's parameters (gates for the forgetting gate). Median ms over the rounds; the "
         "ratio is to the variant named under 'vs' at the same length and mode. Peak extra MiB: the growth of the "
-        "peak RSS during one call, in a fresh process (one (1, 8, L, L) fp32 tensor is 128 MiB at L = 2048 and "
+        "peak RSS during one call after a first one, in a fresh process (Linux: the peak is reset before the call; one (1, 8, L, L) fp32 tensor is 128 MiB at L = 2048 and "
         "512 MiB at L = 4096).",
         "",
         "| variant | L | vs | forward ms | ratio | target | train ms | ratio | forward peak MiB | train peak MiB |",
