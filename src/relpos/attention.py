@@ -466,6 +466,8 @@ def _eager(call: _Call) -> torch.Tensor:
 
 
 def _sdpa(call: _Call) -> torch.Tensor:
+    if call.small:  # a decoding step or a small problem: the flag's two switches (~0.3 ms) would cost more
+        return _sdpa_forward(call)
     with flushing(call.query):  # the forward only: torch runs this path's backward (relpos._denormals)
         return _sdpa_forward(call)
 
@@ -475,7 +477,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
     gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
     if call.dense_reason is None:
         if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
-            if not (p or call.grouped or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
+            if not (p or call.grouped or call.small or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
                 return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
             return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
         values = call.offset_values()  # (Hb, Lq + Lk - 1)
