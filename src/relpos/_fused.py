@@ -153,9 +153,9 @@ def _flash_backward(ctx, grad_out):
     for tile in ctx.tiles:
         (b0, b1, k0, k1), (a0, a1) = (tile.b0, tile.b1, tile.k0, tile.k1), _reversed_rows(tile, query_length)
         qt, kt, vt = _tile_inputs(q, k, v, tile)
-        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out[b0:b1, :, a0:a1], qt, kt, vt, out[b0:b1, :, a0:a1], lse[b0:b1, :, a0:a1], 0.0, False,
-            attn_mask=tile_bias(bias, tile, query_length), scale=ctx.scale,
+        gq, gk, gv = _flash_backward_op(
+            grad_out[b0:b1, :, a0:a1], qt, kt, vt, out[b0:b1, :, a0:a1], lse[b0:b1, :, a0:a1], False, ctx.scale,
+            attn_mask=tile_bias(bias, tile, query_length),
         )  # (b, H, R, d), (b, H, K, d), (b, H, K, dv)
         dq[b0:b1, :, a0:a1] = gq
         dk[b0:b1, :, k0:k1] += gk
@@ -235,9 +235,10 @@ class _Flash(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def _flash_backward_op(grad_out, query, key, value, out, lse, causal: bool, scale: float):
+def _flash_backward_op(grad_out, query, key, value, out, lse, causal: bool, scale: float, attn_mask=None):
+    """SDPA's CPU flash backward (no dropout) from the forward's output and log-sum-exp: dq, dk, dv."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, query, key, value, out, lse, 0.0, causal, scale=scale
+        grad_out, query, key, value, out, lse, 0.0, causal, attn_mask=attn_mask, scale=scale
     )
 
 
