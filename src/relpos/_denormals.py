@@ -3,16 +3,16 @@
 A position term that reaches far below a row's best logit (ALiBi at long range, Sandwich's
 ``-d'/2``, a forgetting gate's decay, T5's far buckets after training) gives softmax
 probabilities between ``2**-149`` and ``2**-126``: denormal floats, which x86 cores compute
-through a slow microcode path. Measured on the project's 2-core VM (torch 2.13 CPU, B=1, H=8,
-L=2048, d=64, 2 threads), SDPA's flash kernel with Bloom-style ALiBi slopes as the mask:
+through a slow microcode path. Measured by ``PYTHONPATH=src python benchmarks/denormals.py --threads 1``
+(the project's 2-core VM, torch 2.13 CPU; causal attention with Bloom's ALiBi slopes, B=2, H=8,
+L=2048, d=64, one example left-padded; forward + backward):
 
-    ============  =========  ==========
-    denormals     forward    backward
-    ============  =========  ==========
-    kept          0.049 s    0.370 s
-    flushed       0.038 s    0.093 s
-    zero mask     0.045 s    0.099 s
-    ============  =========  ==========
+    ==============================================  ========
+    SDPA with no bias (the floor)                   0.270 s
+    relpos tiles, torch's SDPA backward (kept)      0.884 s
+    relpos frozen-bias path, denormals kept         0.711 s
+    relpos frozen-bias path, denormals flushed      0.268 s
+    ==============================================  ========
 
 Flushing changes each probability below ``2**-126`` (1.2e-38) to exactly 0, i.e. an output by
 less than ``L * 2**-126`` of its scale: far below fp32's own rounding (``2**-24``), so results
@@ -22,7 +22,7 @@ to each thread: torch's OpenMP workers keep the one they were created with, so s
 calling thread alone flushes only the calling thread's share of a kernel (measured: forgetting-gate
 training at 2 threads did not move). :func:`flushing` therefore sets it on the calling thread and,
 where torch runs on GNU OpenMP (Linux wheels), on every thread of its OpenMP team (one
-``GOMP_parallel`` region, about 0.15 ms), for the duration of one kernel call, and restores what
+``GOMP_parallel`` region), for the duration of one kernel call, and restores what
 the caller had, including a caller who had turned it on. ``relpos._denormals.ENABLED = False``
 turns the whole mechanism off (to measure it).
 """

@@ -466,7 +466,7 @@ def _eager(call: _Call) -> torch.Tensor:
 
 
 def _sdpa(call: _Call) -> torch.Tensor:
-    if call.small:  # a decoding step or a small problem: the flag's two switches (~0.3 ms) would cost more
+    if call.small:  # a decoding step or a small problem: switching the flag on every thread would cost more
         return _sdpa_forward(call)
     with flushing(call.query):  # the forward only: torch runs this path's backward (relpos._denormals)
         return _sdpa_forward(call)
