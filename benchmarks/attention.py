@@ -5,7 +5,7 @@
 
 import sys
 
-from relpos.bench import main
+from relpos.tools.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ example left-padded by 300, fp32; forward + backward, interleaved rounds, median
 * ``sdpa autograd``: relpos's tiles through ``F.scaled_dot_product_attention`` (torch's backward,
   denormals kept): the path training took before the frozen-bias ``fused`` path;
 * ``fused, flushed`` / ``fused, kept``: the frozen-bias path (SDPA's flash backward per tile) with
-  relpos's flushing on / off (``relpos._denormals.ENABLED``).
+  relpos's flushing on / off (``relpos.backends._denormals.ENABLED``).
 
     PYTHONPATH=src python benchmarks/denormals.py --threads 1
 """
@@ -21,9 +21,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import relpos._denormals as denormals
+import relpos.backends._denormals as denormals
 from relpos import OffsetBias
-from relpos.attention import attention
+from relpos.backends.dispatch import attention
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -11,7 +11,7 @@ over the process's size before the call.
 
 ``--markdown`` into a file holding the markers ``<!-- tables:begin -->`` and ``<!-- tables:end -->``
 replaces what lies between them (``--append``: adds after it) and keeps the prose around them.
-The ``(denormals kept)`` variants turn relpos's flushing off (``relpos._denormals.ENABLED = False``)
+The ``(denormals kept)`` variants turn relpos's flushing off (``relpos.backends._denormals.ENABLED = False``)
 around each call: what denormal floats would cost Sandwich and the forgetting gates.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos import _denormals
+from relpos.backends import _denormals
 
 HEADS, DIM = 8, 64
 
@@ -57,7 +57,7 @@ def _inputs(length: int, train: bool, seed: int = 0):
 
 
 def _denormals_kept(call):
-    """``call`` with relpos's flushing of denormal floats turned off (``relpos._denormals.ENABLED``)."""
+    """``call`` with relpos's flushing of denormal floats turned off (``relpos.backends._denormals.ENABLED``)."""
     def kept():
         _denormals.ENABLED = False
         try:

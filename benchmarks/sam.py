@@ -13,7 +13,7 @@ Variants, interleaved round by round (this kind of shared VM has slow phases las
 
 Layer: 64 x 64 tokens, 12 heads, head dim 64, B = 1, random weights and std-1 tables. ``train`` is
 forward + backward of the layer (gradients into its input, weights and both tables). Time: median
-of the rounds; memory: peak extra resident memory of one call (``relpos.bench._measure``).
+of the rounds; memory: peak extra resident memory of one call (``relpos.tools.bench._measure``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import sys
 
 import torch
 
-import relpos.decomposed as decomposed
-from relpos.bench import _measure
-from relpos.decomposed import decomposed_attention, decomposed_terms
+import relpos.encodings.decomposed as decomposed
+from relpos.tools.bench import _measure
+from relpos.encodings.decomposed import decomposed_attention, decomposed_terms
 
 
 def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0):

@@ -3,7 +3,7 @@
 A Swin V2 tiny-like model (embed 96, depths 2-2-6-2, heads 3-6-12-24, patch 4) at 256x256, window 8
 and 16, random weights. Modes: ``forward`` (``torch.no_grad``, eval) and ``train`` (forward,
 backward of the mean squared output, SGD step; train mode). Variants run interleaved in each
-round; times are medians, memory the peak resident memory the call adds (:mod:`relpos.bench`).
+round; times are medians, memory the peak resident memory the call adds (:mod:`relpos.tools.bench`).
 Before timing, the outputs and gradients of both variants are compared (eval mode, same input).
 
     python benchmarks/swin.py --json docs/bench-swin.json --markdown docs/bench-swin.md
@@ -22,7 +22,7 @@ import torch
 
 from relpos._io import write_text
 from relpos._progress import Progress
-from relpos.bench import _timed_rounds
+from relpos.tools.bench import _timed_rounds
 from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")

@@ -8,13 +8,12 @@ deep copy) and ``inputs`` (the keyword arguments of one padded batch, labels inc
 from __future__ import annotations
 
 import copy
-import importlib
 
 import torch
 
 import relpos.hf as rh
 
-attention_module = importlib.import_module("relpos.attention")  # the module (relpos.attention is also the function)
+from relpos.backends import dispatch as attention_module
 
 
 def strong_bias(model: torch.nn.Module, std: float = 1.0, seed: int = 3) -> torch.nn.Module:

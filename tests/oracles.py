@@ -4,7 +4,7 @@ Nothing here calls the code under test to build an expected value: a bias is reb
 module's parameters (its table, its slopes) at explicit offsets ``j - i`` made with
 ``torch.arange``, through each paper's formula. The only relpos function used is
 :func:`relpos.t5_bucket` (the issue's "table and t5_bucket of explicit j - i"), which
-tests/test_buckets.py checks against transformers' own bucket function for every small config.
+tests/encodings/test_buckets.py checks against transformers' own bucket function for every small config.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def bias_oracle(module, query_length: int, key_length: int, q_offset: int = 0, *
 
 
 def dropout_keep(seed: int, batch: int, heads: int, query_length: int, key_length: int, p: float) -> torch.Tensor:
-    """(B, H, Lq, Lk) keep-mask rebuilt from torch.Generator as relpos/_dropout.py documents it.
+    """(B, H, Lq, Lk) keep-mask rebuilt from torch.Generator as relpos/backends/_dropout.py documents it.
 
     Example ``b``, query rows ``64 g .. 64 g + 63``: a generator seeded with
     ``hash((seed, b, g)) & (2**63 - 1)`` fills ``ceil(H * 64 * Lk / 2)`` int32 values; read as

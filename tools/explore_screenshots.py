@@ -13,7 +13,7 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
-from relpos.explore import serve
+from relpos.tools.explore import serve
 
 ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -3,11 +3,9 @@
 The sign convention everywhere is T5's: ``relative_position = key_position - query_position``.
 """
 
-from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
-from .alibi import ALiBi, alibi_slopes
-from .attention import BackendChoice, attention, resolve_bias, select_backend
-from .bias import AdditiveBias, OffsetBias, RelativeBias
-from .buckets import (
+# encodings: one module each, and the bias interface they share
+from .encodings.bias import AdditiveBias, OffsetBias, RelativeBias
+from .encodings.buckets import (
     STRATEGIES,
     BucketRange,
     bucket_ranges,
@@ -18,30 +16,37 @@ from .buckets import (
     relative_positions,
     t5_bucket,
 )
-from .clipped import ClippedRelativeBias
-from .cope import CoPE
-from .decomposed import DecomposedRelPos, decomposed_attention
-from .fire import FIREBias
-from .forgetting import ForgettingGate, gated_attention
-from .kerple import KerpleBias
-from .log_decay import LogDecayBias
-from .mha import KVCache, MultiheadAttention
-from .rotary import RotaryEmbedding
-from .rotary2d import AxialRotary2D, DINOv3Rotary2D, MixedRotary2D
-from .sandwich import SandwichBias
-from .shaw import ShawRelativePosition
-from .t5 import RelativePositionalBias
-from .t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
-from .window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
-from .window_attention import WindowAttention, shift_mask, window_attention, window_merge, window_partition
-from .resize import resize_bias_table, resize_state_dict
-from .xpos import XPos
+from .encodings.absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
+from .encodings.alibi import ALiBi, alibi_slopes
+from .encodings.clipped import ClippedRelativeBias
+from .encodings.cope import CoPE
+from .encodings.decomposed import DecomposedRelPos, decomposed_attention
+from .encodings.fire import FIREBias
+from .encodings.forgetting import ForgettingGate, gated_attention
+from .encodings.kerple import KerpleBias
+from .encodings.log_decay import LogDecayBias
+from .encodings.resize import resize_bias_table, resize_state_dict
+from .encodings.rotary import RotaryEmbedding
+from .encodings.rotary2d import AxialRotary2D, DINOv3Rotary2D, MixedRotary2D
+from .encodings.sandwich import SandwichBias
+from .encodings.shaw import ShawRelativePosition
+from .encodings.t5 import RelativePositionalBias
+from .encodings.window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
+from .encodings.windows import table_size, window_coords, window_relative_position_index
+from .encodings.xpos import XPos
+
+# attention backends
+from .backends.dispatch import BackendChoice, attention, resolve_bias, select_backend
+
+# layers
+from .layers.mha import KVCache, MultiheadAttention
+from .layers.t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
+from .layers.window_attention import WindowAttention, shift_mask, window_attention, window_merge, window_partition
 
 # Unmistakable names for the two tables whose usual names differ by two letters:
 # RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
 T5RelativeBias = RelativePositionalBias
 WindowRelativeBias = RelativePositionBias
-from .windows import table_size, window_coords, window_relative_position_index
 
 __version__ = "0.1.0"
 

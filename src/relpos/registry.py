@@ -18,21 +18,21 @@ from typing import Any, Callable, Literal, Mapping
 
 from torch import nn
 
-from .absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
-from .alibi import ALiBi
-from .buckets import relative_position_bucket, relative_positions
-from .clipped import ClippedRelativeBias
-from .cope import CoPE
-from .fire import FIREBias
-from .forgetting import ForgettingGate
-from .kerple import KerpleBias
-from .log_decay import LogDecayBias
-from .rotary import RotaryEmbedding
-from .sandwich import SandwichBias
-from .shaw import ShawRelativePosition
-from .t5 import RelativePositionalBias
-from .window_bias import RelativePositionBias
-from .xpos import XPos
+from .encodings.absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
+from .encodings.alibi import ALiBi
+from .encodings.buckets import relative_position_bucket, relative_positions
+from .encodings.clipped import ClippedRelativeBias
+from .encodings.cope import CoPE
+from .encodings.fire import FIREBias
+from .encodings.forgetting import ForgettingGate
+from .encodings.kerple import KerpleBias
+from .encodings.log_decay import LogDecayBias
+from .encodings.rotary import RotaryEmbedding
+from .encodings.sandwich import SandwichBias
+from .encodings.shaw import ShawRelativePosition
+from .encodings.t5 import RelativePositionalBias
+from .encodings.window_bias import RelativePositionBias
+from .encodings.xpos import XPos
 
 __all__ = ["Encoding", "Option", "ENCODINGS", "get", "names", "markdown_table"]
 

@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 from .._io import json_safe, write_text
-from ..buckets import STRATEGIES
+from ..encodings.buckets import STRATEGIES
 from . import runner
 from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS

@@ -9,7 +9,6 @@ gates) is not covered and gives ``None``.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 from unittest import mock
 
@@ -17,7 +16,7 @@ import torch
 
 from .model import TransformerLM
 
-_attention = importlib.import_module("relpos.attention")  # the module: ``relpos.attention`` the name is its function
+from ..backends import dispatch as _attention
 
 __all__ = ["distance_bins", "attention_by_distance"]
 

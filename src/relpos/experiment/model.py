@@ -18,9 +18,9 @@ from torch import nn
 
 from .. import registry
 from .._checks import check_choice, check_int
-from ..buckets import STRATEGIES
-from ..mha import KVCache, MultiheadAttention
-from ..rotary import RotaryEmbedding, apply_rotation
+from ..encodings.buckets import STRATEGIES
+from ..layers.mha import KVCache, MultiheadAttention
+from ..encodings.rotary import RotaryEmbedding, apply_rotation
 
 __all__ = ["ENCODINGS", "DEFAULT_ENCODINGS", "LMConfig", "RandomizedRotary", "TransformerLM"]
 

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..rotary import RotaryEmbedding
+from ..encodings.rotary import RotaryEmbedding
 from .data import Corpus, eval_windows, file_windows, sample_batch
 from .model import TransformerLM
 from .tasks import TASKS, VOCAB, make_batch

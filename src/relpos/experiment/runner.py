@@ -34,7 +34,7 @@ from .data import load_corpus, stdlib_corpus
 from .diagnostics import attention_by_distance
 from .model import LMConfig, TransformerLM
 from .problems import TaskProblem, TextProblem
-from ..buckets import relative_position_bucket
+from ..encodings.buckets import relative_position_bucket
 from .report import compare_all, markdown_report, plot, summarize_runs
 from .variants import MODELS, ROPE_SCALING_ROWS, models, rope_scaling
 

@@ -28,7 +28,7 @@ interpolation fine-tunes; these rows do not). ``L0`` is the training length.
 from __future__ import annotations
 
 from .. import registry
-from ..rotary import RotaryEmbedding
+from ..encodings.rotary import RotaryEmbedding
 from .model import DEFAULT_ENCODINGS, ENCODINGS, LMConfig
 
 import torch

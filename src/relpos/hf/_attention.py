@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import attention
-from ..bias import OffsetBias
+from ..backends.dispatch import attention
+from ..encodings.bias import OffsetBias
 
 __all__ = ["NAME", "OWNS_BIAS", "register", "relpos_attention_forward", "relpos_mask", "transformers_modules"]
 

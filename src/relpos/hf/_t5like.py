@@ -30,8 +30,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..bias import OffsetBias
-from ..buckets import relative_offsets, relative_position_bucket
+from ..encodings.bias import OffsetBias
+from ..encodings.buckets import relative_offsets, relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._family import Family
 

@@ -18,7 +18,7 @@ and every config's attention implementation set back. The model gets its own cop
 first: models built from one config object share it, and the others must keep transformers' masks. Parameters, buffers and the state dict are
 untouched.
 
-Equalities this rests on (tested in tests/test_hf_alibi.py against the unmodified models):
+Equalities this rests on (tested in tests/hf/test_hf_alibi.py against the unmodified models):
 
 * ALiBi written per key position (``m * pos_j``, Bloom and MPT) and per offset (``m * (j - i)``)
   differ by ``m * pos_i``, a constant along each query row, which softmax cancels. With padding
@@ -39,8 +39,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..alibi import ALiBi
-from ..attention import attention
+from ..encodings.alibi import ALiBi
+from ..backends.dispatch import attention
 
 __all__ = [
     "MASK_NAME", "alibi_attention", "check_fits", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel",

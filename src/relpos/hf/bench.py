@@ -16,7 +16,7 @@ Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad
 (greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
-peak resident memory added by the call (:mod:`relpos.bench`). A family that ``accelerate``
+peak resident memory added by the call (:mod:`relpos.tools.bench`). A family that ``accelerate``
 refuses (an adapter not in this installation) is skipped with its message.
 
     python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/bench-bloom.json --markdown docs/bench-bloom.md
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .._io import write_text
 from .._progress import Progress
-from ..bench import _timed_rounds
+from ..tools.bench import _timed_rounds
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
@@ -103,7 +103,9 @@ def _floor_alibi_attention(query, key, value, *, scale, dropout_p=0.0, **kwargs)
 @contextlib.contextmanager
 def _alibi_floor():
     """While timing the floor variant: the ALiBi families' attention without bias or mask."""
-    from . import bloom, falcon, mpt
+    from . import bloom
+    from . import falcon
+    from . import mpt
 
     with contextlib.ExitStack() as stack:
         for module in (bloom, falcon, mpt):

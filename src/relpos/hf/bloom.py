@@ -16,7 +16,7 @@ import sys
 import torch
 from torch import nn
 
-from ..alibi import ALiBi
+from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import alibi_attention, check_fits, contiguous, patch_instances, per_key_channel, refuse_static_cache
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..buckets import relative_position_bucket
+from ..encodings.buckets import relative_position_bucket
 from ._attention import NAME, _check_checkpointed_gradient
 from ._family import Family, register
 from ._t5like import t5_like_family

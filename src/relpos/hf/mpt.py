@@ -15,7 +15,7 @@ import sys
 import torch
 from torch import nn
 
-from ..alibi import ALiBi
+from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import alibi_attention, check_fits, patch_instances, refuse_static_cache
 

@@ -5,7 +5,7 @@ twins, ``VitDetAttention``) add MViTv2's decomposed relative positions as a dens
 ``(B, H, N, N)`` tensor, in the global layers (the whole patch grid) and the windowed ones (14 x 14
 windows) alike. :func:`relpos.hf.accelerate` replaces the ``forward`` of each such *instance*
 (never the class) by one that computes the same ``qkv``, the two ``(B, H, N, S)`` terms from the
-same ``rel_pos_h`` / ``rel_pos_w`` (resized as SAM does), and :func:`relpos.decomposed.decomposed_attention`
+same ``rel_pos_h`` / ``rel_pos_w`` (resized as SAM does), and :func:`relpos.encodings.decomposed.decomposed_attention`
 (CPU: query tiles on SDPA's flash kernel; elsewhere: the fold into one SDPA call). The mask decoder,
 prompt encoder and necks are left as they are. Undo restores the instances' own ``forward``.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decomposed import decomposed_attention, decomposed_terms
+from ..encodings.decomposed import decomposed_attention, decomposed_terms
 from ._family import Family, register
 
 __all__ = ["ATTENTION_CLASSES", "FAMILY", "MODEL_TYPES"]

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool
-from ..window_attention import window_attention
+from ..layers.window_attention import window_attention
 from ._family import Family, register
 from .api import is_accelerated
 

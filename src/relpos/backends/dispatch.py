@@ -1,0 +1,499 @@
+"""Scaled dot-product attention with any relpos bias, on several backends.
+
+``attention(q, k, v, bias=...)`` takes a relpos bias module, an :class:`OffsetBias`, or a
+dense tensor. Backends:
+
+* ``"eager"``: the readable reference (matmul, + bias, mask, softmax, matmul); the oracle.
+* ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``. A relative bias enters as
+  a zero-copy Hankel view of its per-offset values with the queries reversed (and the output
+  reversed back): no (H, Lq, Lk) bias is allocated. With a bias that requires grad, SDPA runs
+  its math kernel (it holds (B, H, Lq, Lk)).
+* ``"fused"`` (CPU): the same forward on SDPA's fused kernel, and a backward that computes the
+  bias-table gradient blockwise (:mod:`relpos.backends._fused`): training with a learnable table at
+  about the cost of a frozen one.
+* ``"flex"``: compiled ``flex_attention`` with a ``score_mod`` reading the per-offset vector.
+  On CPU torch supports it for inference only; on GPU it trains (gradients into the table).
+
+``"auto"`` picks one by device, dtype, whether gradients are needed, and the bias kind;
+:func:`select_backend` returns the choice and why each other backend was not picked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from ._denormals import flushing
+from ._dropout import draw_seed, drop_weights
+from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
+from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
+from . import _tiles
+from ._tiles import Tile, plan_tiles
+from ..encodings.bias import AdditiveBias, OffsetBias, hankel_view
+from ..encodings.buckets import relative_positions
+
+__all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", "select_backend"]
+
+Backend = Literal["auto", "eager", "sdpa", "fused", "flex"]
+BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex")
+BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
+_FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
+
+
+def resolve_bias(
+    bias: BiasLike, query_length: int, key_length: int, *, num_heads: int, q_offset: int = 0, device=None
+) -> OffsetBias | torch.Tensor | None:
+    """Turn any accepted ``bias`` into an :class:`OffsetBias`, a dense tensor, or ``None``."""
+    query_length = check_int("query_length", query_length, minimum=0)  # 0: an empty call (zeros)
+    key_length = check_int("key_length", key_length, minimum=0)
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
+    if bias is None:
+        return None
+    if isinstance(bias, AdditiveBias):
+        if bias.num_heads not in (1, num_heads):
+            raise ValueError(f"bias has num_heads={bias.num_heads} but the query has {num_heads} heads")
+        return bias.resolve(query_length, key_length, q_offset=q_offset, device=device)
+    if isinstance(bias, OffsetBias):
+        got = (bias.query_length, bias.key_length, bias.q_offset)
+        if got != (query_length, key_length, q_offset):
+            raise ValueError(
+                "bias (an OffsetBias) was built for (query_length, key_length, q_offset)="
+                f"{got}, but the attention call has {(query_length, key_length, q_offset)}"
+            )
+        if bias.num_heads not in (1, num_heads):
+            raise ValueError(f"bias has num_heads={bias.num_heads} but the query has {num_heads} heads")
+        return bias
+    if isinstance(bias, torch.Tensor):
+        return bias
+    raise TypeError(f"bias must be a relpos bias module, an OffsetBias, a tensor or None; got {type(bias).__name__}")
+
+
+def check_defines_future(bias: BiasLike, causal: bool, key_length: int, q_offset: int, attn_mask) -> None:
+    """Refuse a bias that defines nothing for future keys (causal ALiBi) where queries can see them."""
+    future_visible = not causal and key_length - 1 > q_offset
+    if isinstance(bias, AdditiveBias) and not bias.defines_future and future_visible and attn_mask is None:
+        raise ValueError(
+            f"{type(bias).__name__}({getattr(bias, 'mode', '')!r} mode) defines no bias for future keys, but this "
+            "attention lets queries see them (causal=False): pass causal=True, or use the bidirectional form "
+            "(ALiBi(mode='symmetric'))"
+        )
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend ``auto`` picks, and for every other backend why it was not picked."""
+
+    backend: str
+    reason: str
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"{self.backend}: {self.reason}"]
+        lines += [f"  not {name}: {why}" for name, why in self.rejected.items()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One attention call, validated and normalized once (what every backend reads)."""
+
+    query: torch.Tensor  # (B, H, Lq, d)
+    key: torch.Tensor  # (B, Hkv, Lk, d): Hkv divides H (grouped-query attention)
+    value: torch.Tensor  # (B, Hkv, Lk, dv)
+    bias: OffsetBias | torch.Tensor | None
+    causal: bool  # the flag, or a causal mask recognised inside attn_mask
+    attn_mask: torch.Tensor | None  # what stays a dense mask (None when reduced to key ranges)
+    ranges: KeyRanges | None  # per-example kept keys; None: every key
+    dropout_p: float
+    scale: float
+    q_offset: int
+    dense_reason: str | None  # why only a dense (B, H, Lq, Lk) mask can express this call
+
+    @property
+    def key_length(self) -> int:
+        return self.key.shape[2]
+
+    @property
+    def grouped(self) -> bool:
+        return self.key.shape[1] != self.query.shape[1]
+
+    def repeated_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v with each key/value head repeated for its query group (the paths that need equal heads)."""
+        if not self.grouped:
+            return self.key, self.value
+        group = self.query.shape[1] // self.key.shape[1]
+        return self.key.repeat_interleave(group, dim=1), self.value.repeat_interleave(group, dim=1)  # (B, H, Lk, d)
+
+    @property
+    def small(self) -> bool:
+        return _is_small(*self.query.shape[:3], self.key_length)
+
+    def tiles(self) -> list[Tile]:
+        ranges = None if self.ranges is None else tuple(zip(self.ranges.starts, self.ranges.ends))
+        batch, _, query_length, _ = self.query.shape
+        return plan_tiles(
+            batch, query_length, self.key_length, q_offset=self.q_offset, causal=self.causal, key_ranges=ranges
+        )
+
+    def offset_values(self) -> torch.Tensor:
+        """(Hb, Lq + Lk - 1) per-offset bias in the accumulation dtype, the causal mask folded in."""
+        offsets = self.bias
+        query_length = self.query.shape[2]
+        if offsets is None:  # no bias: zeros carry the causal mask
+            zeros = torch.zeros(1, query_length + self.key_length - 1, device=self.query.device)
+            offsets = OffsetBias(zeros, query_length, self.key_length, self.q_offset)
+        offsets = offsets.mask_future() if self.causal else offsets
+        return offsets.values.to(accumulate_dtype(self.query.dtype))
+
+
+def _is_small(batch: int, heads: int, query_length: int, key_length: int) -> bool:
+    """Fewer scores than the per-offset machinery (tiles, blockwise backward) pays off for."""
+    return batch * heads * query_length * key_length < _FUSED_MIN_SCORES
+
+
+def _check_qkv(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t, shape="(B, H, L, d)")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got shape {tuple(t.shape)}")
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    if key.shape[0] != batch or value.shape[:2] != key.shape[:2] or key.shape[2] != value.shape[2]:
+        raise ValueError(
+            f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if heads % kv_heads:
+        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention")
+    if key.shape[3] != dim:
+        raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
+    if dim == 0 or value.shape[3] == 0:
+        raise ValueError(f"the head dimension must be positive, got query d={dim} and value dv={value.shape[3]}")
+    if not query.dtype.is_floating_point or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(
+            "query, key and value must share one floating dtype (float16, bfloat16, float32 or float64), got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}; cast them with .to(dtype)"
+        )
+    if key.device != query.device or value.device != query.device:
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}; "
+            "move them with .to(device)"
+        )
+
+
+def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, *, backend="auto") -> _Call:
+    """Validate once and normalize; key padding is recognised only where a backend can use it."""
+    _check_qkv(query, key, value)
+    batch, heads, query_length, dim = query.shape
+    key_length = key.shape[2]
+    causal = check_bool("causal", causal)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    dropout_p = check_probability("dropout_p", dropout_p)
+    scale = check_scale("scale", scale)
+    attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length), device=query.device)
+    key_mask = check_key_mask(key_mask, batch, key_length, device=query.device)
+    resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
+    if isinstance(resolved, torch.Tensor):  # a dense bias: an additive float tensor like a float mask
+        if not resolved.dtype.is_floating_point:
+            raise TypeError(
+                f"bias has dtype {resolved.dtype}: a dense bias is added to the logits and must be floating; "
+                "a boolean or 0/1 mask belongs in attn_mask= (True = attend) or key_mask="
+            )
+        check_attn_mask(resolved, (batch, heads, query_length, key_length), name="bias", device=query.device)
+    check_defines_future(bias, causal, key_length, q_offset, attn_mask)
+    ranges, dense_reason = None, None
+    masked = attn_mask is not None or key_mask is not None
+    compiling = torch.compiler.is_compiling()  # key ranges are data (tolist): a graph break under fullgraph
+    if masked and (compiling or _is_small(batch, heads, query_length, key_length)) and backend not in ("fused", "flex"):
+        dense_reason = (
+            "under torch.compile a mask is one dense SDPA mask (key ranges would be a data-dependent branch)"
+            if compiling
+            else f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call with a small dense mask"
+        )
+        if key_mask is not None:
+            attn_mask = fold_key_mask(attn_mask, key_mask)
+    elif masked:
+        ranges = key_ranges(attn_mask, key_mask, batch, query_length, key_length, q_offset=q_offset)
+        if ranges is None:
+            dense_reason = "the mask is not a key padding mask (one contiguous run of kept keys per example, optionally with a causal mask)"
+            if key_mask is not None:
+                attn_mask = fold_key_mask(attn_mask, key_mask)
+        else:
+            attn_mask, causal = None, causal or ranges.causal
+            if ranges.covers_all(key_length):
+                ranges = None
+    if isinstance(resolved, torch.Tensor):
+        dense_reason = "the bias is a dense tensor, not per-offset"
+    return _Call(
+        query, key, value, resolved, causal, attn_mask, ranges, dropout_p,
+        1.0 / math.sqrt(dim) if scale is None else scale, q_offset, dense_reason,
+    )
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _bias_grad(call: _Call) -> bool:
+    return isinstance(call.bias, OffsetBias) and _needs_grad(call.bias.values)
+
+
+def _flex_unavailable(call: _Call, needs_grad: bool) -> str | None:
+    if call.dense_reason:
+        return f"flex reads a per-offset bias and key ranges; {call.dense_reason}"
+    if call.dropout_p:
+        return "flex_attention has no dropout"
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:  # pragma: no cover - torch >= 2.5 has it
+        return "this torch has no torch.nn.attention.flex_attention"
+    if call.query.device.type == "cpu" and needs_grad:
+        return "torch's FlexAttention has no backward on CPU"
+    return None
+
+
+def _fused_unavailable(call: _Call) -> str | None:
+    if call.dense_reason:
+        return f"needs a per-offset bias and a key padding mask at most; {call.dense_reason}"
+    if not fused_available(call.query):
+        return f"needs torch's CPU flash kernel; query is {call.query.dtype} on {call.query.device.type}"
+    return None
+
+
+def _choose(call: _Call) -> BackendChoice:
+    q = call.query
+    bias_grad = _bias_grad(call)
+    needs_grad = bias_grad or _needs_grad(call.query, call.key, call.value)
+    rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
+    flex_no, fused_no = _flex_unavailable(call, needs_grad), _fused_unavailable(call)
+    if call.dense_reason:
+        rejected.update(fused=fused_no, flex=flex_no)
+        return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)
+    small = call.small
+    small_why = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel is faster at this size and holds little memory"
+    if call.dropout_p:
+        if fused_no is None and small:
+            rejected.update(fused=small_why, flex=flex_no)
+            return BackendChoice("sdpa", "dropout on a small problem: one SDPA call (math kernel)", rejected)
+        if fused_no is None:
+            rejected.update(sdpa="SDPA's fused CPU kernels have no dropout: its math kernel holds (B, H, Lq, Lk)", flex=flex_no)
+            return BackendChoice("fused", "dropout on CPU: blockwise forward and backward, no (B, H, Lq, Lk)", rejected)
+        rejected.update(fused=fused_no, flex=flex_no)
+        return BackendChoice("sdpa", f"dropout on {q.device.type}: SDPA's own kernels draw it", rejected)
+    if bias_grad and fused_no is None and small:
+        fused_no = small_why
+    if bias_grad and fused_no is None:
+        rejected.update(sdpa="the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)")
+        rejected.update(flex=flex_no or "fused is the CPU training path")
+        return BackendChoice("fused", "learnable per-offset bias on CPU: fused forward, blockwise bias gradient", rejected)
+    if bias_grad and q.device.type != "cpu" and flex_no is None:
+        rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
+        rejected.update(fused=fused_no or "fused is the CPU path")
+        return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
+    if call.bias is not None and fused_no is None and not small and _needs_grad(q, call.key, call.value):
+        rejected.update(sdpa="torch runs SDPA's backward outside relpos, where denormal probabilities stay slow")
+        rejected.update(flex=flex_no or "fused is the CPU training path")
+        return BackendChoice("fused", "training on CPU: SDPA's flash kernel per tile, its backward with denormals flushed", rejected)
+    rejected.update(fused=fused_no or "no gradient into the bias table: plain SDPA already runs fused")
+    rejected.update(flex=flex_no or "compiles per shape (seconds); sdpa with a zero-copy view is as fast here")
+    if bias_grad:
+        return BackendChoice("sdpa", "no training path applies here, so SDPA's math kernel computes the bias gradient", rejected)
+    what = "fused kernel, bias as a zero-copy view"
+    if call.ranges is not None or call.causal:
+        what += "; padding and the causal triangle skipped by tiles"
+    return BackendChoice("sdpa", what, rejected)
+
+
+def select_backend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    bias: BiasLike = None,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    q_offset: int = 0,
+) -> BackendChoice:
+    """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
+
+    Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: a dense bias,
+    or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused`` on CPU,
+    ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU (both
+    train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on tiles with a zero-copy
+    view. ``eager`` is the reference, never auto.
+    """
+    return _choose(_prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset))
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    bias: BiasLike = None,
+    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    q_offset: int = 0,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Attention ``softmax(q k^T * scale + bias + mask) v``.
+
+    Args:
+        query: ``(B, H, Lq, d)``; its queries are positions ``q_offset .. q_offset + Lq - 1``.
+        key, value: ``(B, Hkv, Lk, d)`` and ``(B, Hkv, Lk, dv)``; ``Hkv`` divides ``H``
+            (grouped-query attention: query head ``h`` reads key/value head ``h // (H / Hkv)``).
+        bias: relpos bias module, :class:`OffsetBias`, or a tensor broadcastable to ``(B, H, Lq, Lk)``.
+        causal: keys after the query's position are masked (``j > q_offset + i``).
+        attn_mask: boolean (``True`` = attend) or floating (added), broadcastable to
+            ``(B, H, Lq, Lk)``; integer masks are refused. A key padding mask ``(B, 1, 1, Lk)``, or
+            transformers' ``(B, 1, Lq, Lk)`` padding + causal mask, is recognised and costs no
+            ``(B, H, Lq, Lk)`` memory.
+        key_mask: boolean ``(B, Lk)``, ``True`` where the key is a real token (transformers'
+            ``attention_mask.bool()``): right or left padding at no (B, H, Lq, Lk) cost.
+        dropout_p: probability of dropping each attention weight (applied whenever > 0, as in
+            SDPA; modules pass it only in training). Seeded by torch's RNG.
+        scale: logit scale; ``None`` means ``1/sqrt(d)`` (T5 uses ``1.0``).
+        q_offset: cached tokens before the first query (decoding) or the query-to-key alignment.
+        backend: ``"auto"``, ``"eager"``, ``"sdpa"``, ``"fused"`` or ``"flex"``.
+
+    Returns ``(B, H, Lq, dv)`` in the query's dtype; bias, masks and softmax are computed in
+    fp32 (fp64 for fp64 inputs) on every backend. A query row whose keys are all masked returns
+    zeros (and zero gradients).
+    """
+    backend = check_choice("backend", backend, BACKENDS)
+    call = _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, backend=backend)
+    if backend == "auto":
+        backend = _choose(call).backend
+    if backend == "eager":
+        return _eager(call)
+    if backend == "sdpa":
+        return _sdpa(call)
+    if call.dense_reason:
+        raise ValueError(
+            f"backend={backend!r} needs a relative (per-offset) bias and at most a key padding mask, but "
+            f"{call.dense_reason}; use backend='sdpa' or 'eager'"
+        )
+    if backend == "fused":
+        if not fused_available(call.query):
+            raise ValueError(
+                f"backend='fused' runs on CPU with float tensors, got {call.query.dtype} on {call.query.device.type}; "
+                "use backend='flex' or 'sdpa' on GPU"
+            )
+        dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None
+        key, value = call.repeated_kv()  # the fused CPU kernel takes equal head counts
+        return fused_attention(call.query, key, value, call.offset_values(), call.tiles(), call.scale, dropout)
+    why = _flex_unavailable(call, _bias_grad(call) or _needs_grad(call.query, call.key, call.value))
+    if why:
+        raise ValueError(f"backend='flex' is unavailable: {why}")
+    from ._flex import flex_biased_attention
+
+    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    q, (k, v) = call.query, call.repeated_kv()
+    if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return flex_biased_attention(
+        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_keep=keep
+    )
+
+
+def _dense_mask(
+    query: torch.Tensor,
+    key_length: int,
+    bias: OffsetBias | torch.Tensor | None,
+    causal: bool,
+    attn_mask: torch.Tensor | None,
+    q_offset: int,
+    key_keep: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Bias, causal mask, ``attn_mask`` and kept keys (B, Lk) summed into one additive fp32 tensor (or None)."""
+    query_length, dtype = query.shape[2], accumulate_dtype(query.dtype)
+    total = None
+    if bias is not None:
+        total = (bias.dense() if isinstance(bias, OffsetBias) else bias).to(dtype)  # (1|B, H, Lq, Lk)
+    blocked = None
+    if causal:
+        blocked = relative_positions(query_length, key_length, q_offset=q_offset, device=query.device) > 0  # (Lq, Lk)
+    if key_keep is not None:
+        hidden = ~key_keep[:, None, None, :]  # (B, 1, 1, Lk)
+        blocked = hidden if blocked is None else blocked | hidden
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            blocked = ~attn_mask if blocked is None else blocked | ~attn_mask
+        else:
+            total = attn_mask.to(dtype) if total is None else total + attn_mask.to(dtype)
+    if blocked is not None:
+        base = torch.zeros((), dtype=dtype, device=query.device) if total is None else total
+        total = base.masked_fill(blocked, float("-inf"))
+    return total
+
+
+def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim; a row that is entirely ``-inf`` gives zeros (and finite gradients)."""
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., Lq, 1): nothing to attend to
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+
+
+def _call_mask(call: _Call) -> torch.Tensor | None:
+    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    return _dense_mask(call.query, call.key_length, call.bias, call.causal, call.attn_mask, call.q_offset, keep)
+
+
+def _eager(call: _Call) -> torch.Tensor:
+    """The reference: every step written out, in the accumulation dtype."""
+    acc = accumulate_dtype(call.query.dtype)
+    key, value = call.repeated_kv()
+    q, k, v = call.query.to(acc), key.to(acc), value.to(acc)
+    scores = (q @ k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
+    mask = _call_mask(call)
+    if mask is not None:
+        scores = scores + mask
+    weights = masked_softmax(scores)  # (B, H, Lq, Lk)
+    if call.dropout_p:
+        weights = drop_weights(weights, call.dropout_p)  # (B, H, Lq, Lk)
+    return (weights @ v).to(call.query.dtype)  # (B, H, Lq, dv)
+
+
+def _sdpa(call: _Call) -> torch.Tensor:
+    if call.small:  # a decoding step or a small problem: switching the flag on every thread would cost more
+        return _sdpa_forward(call)
+    with flushing(call.query):  # the forward only: torch runs this path's backward (relpos.backends._denormals)
+        return _sdpa_forward(call)
+
+
+def _sdpa_forward(call: _Call) -> torch.Tensor:
+    q, k, v, p = call.query, call.key, call.value, call.dropout_p
+    gqa = {"enable_gqa": True} if call.grouped else {}  # SDPA shares k/v heads itself: no copies
+    if call.dense_reason is None:
+        if call.bias is None and call.ranges is None and (not call.causal or call.q_offset == 0):
+            if not (p or call.grouped or call.small or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
+                return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
+            return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
+        values = call.offset_values()  # (Hb, Lq + Lk - 1)
+        if not torch.is_grad_enabled():
+            values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
+        if call.ranges is None and (q.shape[2] <= _tiles.CAUSAL_CHUNK or torch.compiler.is_compiling()):
+            # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
+            hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
+            return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale, **gqa).flip(-2)
+        if not call.small:
+            return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
+        # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
+    mask = _call_mask(call)  # (.., Lq, Lk)
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
+    if torch.compiler.is_compiling() or dead.any():  # compiled: no data-dependent branch
+        mask = mask.masked_fill(dead, 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
+        return out.masked_fill(dead, 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)

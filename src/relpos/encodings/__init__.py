@@ -1,0 +1,1 @@
+"""Position encodings, one module each, and the bias interface they share (``bias``)."""

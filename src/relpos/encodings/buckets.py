@@ -1,0 +1,314 @@
+"""Relative positions and the one bucket function every part of relpos uses.
+
+Sign convention (T5, Hugging Face transformers, Mesh TensorFlow)::
+
+    rel[i, j] = key_pos[j] - query_pos[i]      # > 0: the key is in the query's future
+
+Queries sit at positions ``q_offset .. q_offset + Lq - 1`` of the keys (``q_offset`` is
+the number of tokens already in a KV cache while decoding). The T5 bias explainer writes ``i - j``
+(query - key); that is the opposite sign and is *not* what T5 checkpoints were trained
+with. See docs/conventions.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .._checks import check_bool, check_choice, check_device, check_int
+
+__all__ = [
+    "BucketStrategy",
+    "STRATEGIES",
+    "relative_positions",
+    "relative_offsets",
+    "check_bucket_config",
+    "relative_position_bucket",
+    "t5_bucket",
+    "BucketRange",
+    "bucket_ranges",
+    "bucket_table",
+]
+
+BucketStrategy = Literal["log", "linear", "uniform", "quadratic"]
+STRATEGIES: tuple[str, ...] = ("log", "linear", "uniform", "quadratic")
+
+
+def relative_positions(
+    query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The (Lq, Lk) matrix ``key_pos[j] - query_pos[i]`` with queries at ``q_offset + i``.
+
+    >>> relative_positions(3, 4)
+    tensor([[ 0,  1,  2,  3],
+            [-1,  0,  1,  2],
+            [-2, -1,  0,  1]])
+    >>> relative_positions(1, 4, q_offset=3)   # one decoding step after 3 cached tokens
+    tensor([[-3, -2, -1,  0]])
+    """
+    query_length = check_int("query_length", query_length, minimum=1)
+    key_length = check_int("key_length", key_length, minimum=1)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
+    query_pos = torch.arange(query_length, device=device) + q_offset  # (Lq,)
+    key_pos = torch.arange(key_length, device=device)  # (Lk,)
+    return key_pos[None, :] - query_pos[:, None]  # (Lq, Lk)
+
+
+def relative_offsets(
+    query_length: int, key_length: int, *, q_offset: int = 0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Every distinct value of :func:`relative_positions`, ascending: ``Lq + Lk - 1`` of them.
+
+    A bias that depends only on ``j - i`` needs its value at these offsets and nothing
+    else. Entry ``t`` is offset ``t - (q_offset + Lq - 1)``, so row ``i`` of the full
+    matrix is the window ``t = Lq-1-i .. Lq-1-i+Lk-1`` of this vector.
+
+    >>> relative_offsets(3, 4)
+    tensor([-2, -1,  0,  1,  2,  3])
+    """
+    query_length = check_int("query_length", query_length, minimum=1)
+    key_length = check_int("key_length", key_length, minimum=1)
+    q_offset = check_int("q_offset", q_offset, minimum=0)
+    device = check_device("device", device)
+    low = -(q_offset + query_length - 1)
+    return torch.arange(low, key_length - q_offset, device=device)  # (Lq + Lk - 1,)
+
+
+def check_bucket_config(
+    num_buckets: int, max_distance: int, bidirectional: bool = True, strategy: str = "log"
+) -> tuple[int, int, bool, str]:
+    """Validate a bucketing configuration; return it normalised.
+
+    Rules: bidirectional needs an even ``num_buckets >= 4`` (one half per direction, each
+    with at least one exact and one far bucket); causal needs ``num_buckets >= 2``.
+    ``max_distance`` must lie above the exact range (``max_distance > max_exact`` with
+    ``max_exact = num_buckets // 4`` bidirectional, ``num_buckets // 2`` causal): at or
+    below it, T5's ``log(max_distance / max_exact)`` is zero or negative and the far
+    buckets are undefined.
+    """
+    bidirectional = check_bool("bidirectional", bidirectional)
+    strategy = check_choice("strategy", strategy, STRATEGIES)
+    num_buckets = check_int("num_buckets", num_buckets)
+    minimum = 4 if bidirectional else 2
+    if num_buckets < minimum:
+        mode = "bidirectional" if bidirectional else "causal"
+        raise ValueError(f"num_buckets must be >= {minimum} for {mode} bucketing, got {num_buckets}")
+    if bidirectional and num_buckets % 2:
+        raise ValueError(
+            f"num_buckets must be even for bidirectional bucketing (half per direction), got {num_buckets}; "
+            f"use {num_buckets - 1} or {num_buckets + 1}"
+        )
+    max_distance = check_int("max_distance", max_distance)
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if max_distance <= max_exact:
+        raise ValueError(
+            f"max_distance must be > the exact range max_exact={max_exact} "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}"
+        )
+    return num_buckets, max_distance, bidirectional, strategy
+
+
+def _far_buckets(distance: torch.Tensor, max_exact: int, half: int, max_distance: int, strategy: str) -> torch.Tensor:
+    """Bucket of a non-negative distance ``>= max_exact`` (other entries: don't care)."""
+    n_far = half - max_exact
+    if strategy == "log":
+        # Exactly transformers' T5Attention._relative_position_bucket, operation for operation,
+        # in float32 whatever the caller's dtype (bf16 here misplaces distances 16, 32, 90).
+        scaled = torch.log(distance.float() / max_exact) / math.log(max_distance / max_exact) * n_far
+        return max_exact + scaled.to(torch.long)
+    distance = distance.clamp(max=max_distance)  # beyond max_distance everything is the last bucket
+    if strategy == "linear":
+        return max_exact + (distance - max_exact) * n_far // (max_distance - max_exact)
+    # quadratic: bucket edges grow quadratically, bucket = max_exact + floor(n_far * sqrt(x)),
+    # x = (d - max_exact) / (max_distance - max_exact); integer square root, exact on any device.
+    m = (distance - max_exact).clamp(min=0) * n_far * n_far // (max_distance - max_exact)
+    root = m.float().sqrt().floor().to(torch.long)
+    root = root - (root * root > m).long()
+    root = root + ((root + 1) * (root + 1) <= m).long()
+    return max_exact + root
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor,
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    strategy: BucketStrategy = "log",
+) -> torch.Tensor:
+    """Map relative positions (``key - query``) to bucket indices in ``[0, num_buckets)``.
+
+    Bidirectional: the upper half of the buckets is for keys in the future (``rel > 0``).
+    Causal: future keys all fall in bucket 0 (they are masked anyway), past keys use every
+    bucket. Within a half of ``n`` buckets, distances below ``max_exact = n // 2`` get a
+    bucket each; the far buckets cover ``[max_exact, max_distance)`` by ``strategy``:
+
+    * ``"log"``: T5's logarithmic spacing, identical to Hugging Face transformers;
+    * ``"linear"``: equal-width far buckets;
+    * ``"quadratic"``: far bucket edges at ``max_exact + (max_distance - max_exact) * (k/n_far)**2``;
+    * ``"uniform"``: no exact region, ``n`` equal-width buckets over ``[0, max_distance)``.
+
+    Every distance ``>= max_distance`` shares the last bucket of its half.
+
+    >>> t5_bucket(relative_positions(4, 4), num_buckets=8, max_distance=16)   # the T5 bucketing walkthrough
+    tensor([[0, 5, 6, 6],
+            [1, 0, 5, 6],
+            [2, 1, 0, 5],
+            [2, 2, 1, 0]])
+    """
+    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
+        num_buckets, max_distance, bidirectional, strategy
+    )
+    if not isinstance(relative_position, torch.Tensor):
+        raise TypeError(
+            f"relative_position must be a torch.Tensor of integers, got {type(relative_position).__name__}; "
+            "build one with relpos.relative_positions(...) or torch.tensor(..., dtype=torch.long)"
+        )
+    if relative_position.is_floating_point() or relative_position.is_complex() or relative_position.dtype == torch.bool:
+        raise TypeError(
+            f"relative_position must have an integer dtype, got {relative_position.dtype}; "
+            "positions are whole numbers (cast with .long())"
+        )
+    # |-2**63| overflows int64; every distance past 2**62 shares the last bucket, so clamp first
+    relative_position = relative_position.long().clamp(-(2**62), 2**62)
+    half = num_buckets
+    if bidirectional:
+        half = num_buckets // 2
+        sign_offset = (relative_position > 0).long() * half  # future keys: upper half
+        distance = relative_position.abs()
+    else:
+        sign_offset = 0
+        distance = -relative_position.clamp(max=0)  # future keys -> distance 0 -> bucket 0
+    if strategy == "uniform":
+        far = distance.clamp(max=max_distance) * half // max_distance
+        return sign_offset + far.clamp(max=half - 1)
+    max_exact = half // 2
+    far = _far_buckets(distance, max_exact, half, max_distance, strategy).clamp(max=half - 1)
+    return sign_offset + torch.where(distance < max_exact, distance, far)
+
+
+def t5_bucket(
+    relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5's bucket function: :func:`relative_position_bucket` with ``strategy="log"``.
+
+    Equal to ``transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket``
+    for every integer input.
+
+    >>> t5_bucket(torch.tensor([-100, -10, -1, 0, 1, 10, 100]))
+    tensor([15,  8,  1,  0, 17, 24, 31])
+    """
+    return relative_position_bucket(
+        relative_position, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+
+
+@dataclass(frozen=True)
+class BucketRange:
+    """The relative positions ``low .. high`` (inclusive; ``None`` = unbounded) of one bucket."""
+
+    bucket: int
+    low: int | None
+    high: int | None
+    exact: bool
+
+    def describe(self) -> str:
+        if self.low == self.high:
+            return f"{self.low}"
+        low = "-inf" if self.low is None else str(self.low)
+        high = "+inf" if self.high is None else str(self.high)
+        return f"{low} .. {high}"
+
+
+def _first_reaching(f, values: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """For each ``v`` of ``values``: the smallest ``d`` in ``lo .. hi`` with ``f(d) >= v`` (``hi + 1`` if none).
+
+    ``f`` is non-decreasing; a binary search for every value at once: O(len(values) * log(hi - lo)).
+    """
+    left = torch.full_like(values, lo)
+    right = torch.full_like(values, hi + 1)
+    while bool((left < right).any()):
+        active = left < right
+        mid = (left + right) // 2
+        ok = f(mid) >= values
+        right = torch.where(active & ok, mid, right)
+        left = torch.where(active & ~ok, mid + 1, left)
+    return left
+
+
+def _side_segments(f, values: range, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(bucket, first distance, last distance) of each bucket that ``f`` reaches on ``lo .. hi``."""
+    candidates = torch.tensor(list(values), dtype=torch.long)
+    firsts = _first_reaching(f, candidates, lo, hi)  # (V,) non-decreasing
+    reached = firsts <= hi
+    present = reached & (f(firsts.clamp(max=hi)) == candidates)
+    starts = [(int(v), int(d)) for v, d in zip(candidates[present].tolist(), firsts[present].tolist())]
+    return [(v, d, (starts[i + 1][1] - 1) if i + 1 < len(starts) else hi) for i, (v, d) in enumerate(starts)]
+
+
+def bucket_ranges(
+    num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True, strategy: BucketStrategy = "log"
+) -> list[BucketRange]:
+    """Which relative positions fall in each bucket, computed from :func:`relative_position_bucket`.
+
+    Buckets that no distance reaches (possible when ``max_distance`` is small for the
+    number of buckets) are left out. Work is O(num_buckets * log(max_distance)): each bucket's
+    first distance is found by binary search (the bucket is non-decreasing in the distance).
+    """
+    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
+        num_buckets, max_distance, bidirectional, strategy
+    )
+    reach = max_distance + 1  # stands for every distance beyond max_distance (saturated)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = 0 if strategy == "uniform" else half // 2
+
+    def bucket_of(rel: torch.Tensor) -> torch.Tensor:
+        return relative_position_bucket(
+            rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy
+        )
+
+    ranges = []
+    for v, d0, d1 in _side_segments(lambda d: bucket_of(-d), range(half), 0, reach):  # past keys: rel = -d
+        low, high = -d1, -d0
+        if v == 0 and not bidirectional:
+            high = reach  # a causal bucket 0 also holds every future key
+        ranges.append((v, low, high))
+    if bidirectional:
+        ranges += [(v, d0, d1) for v, d0, d1 in _side_segments(bucket_of, range(half, num_buckets), 1, reach)]
+    return [
+        BucketRange(
+            bucket=v,
+            low=None if low == -reach else low,
+            high=None if high == reach else high,
+            exact=low == high and abs(low) < max_exact,
+        )
+        for v, low, high in sorted(ranges)
+    ]
+
+
+def bucket_table(
+    num_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool = True, strategy: BucketStrategy = "log"
+) -> dict:
+    """JSON-ready description of a bucketing: its ranges, exact region and unused buckets.
+
+    The one source of ``relpos buckets --json`` and of the explorer page.
+    """
+    num_buckets, max_distance, bidirectional, strategy = check_bucket_config(
+        num_buckets, max_distance, bidirectional, strategy
+    )
+    ranges = bucket_ranges(num_buckets, max_distance, bidirectional=bidirectional, strategy=strategy)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    return {
+        "num_buckets": num_buckets,
+        "max_distance": max_distance,
+        "bidirectional": bidirectional,
+        "strategy": strategy,
+        "convention": "relative_position = key_position - query_position",
+        "max_exact": 0 if strategy == "uniform" else half // 2,
+        "buckets": [{"bucket": r.bucket, "low": r.low, "high": r.high, "exact": r.exact} for r in ranges],
+        "unused_buckets": sorted(set(range(num_buckets)) - {r.bucket for r in ranges}),
+    }

@@ -1,0 +1,379 @@
+"""Window attention for images (Swin V1, Liu et al. 2021; Swin V2, Liu et al. 2022).
+
+A feature map ``(B, Hf, Wf, C)`` is padded to whole windows, optionally rolled by ``shift`` (the
+shifted windows of every second Swin block), cut into ``nW`` windows of ``N = Wh * Ww`` patches,
+and attention runs inside each window with a relative position bias. The pieces:
+
+* :func:`window_partition` / :func:`window_merge`: ``(B, Hp, Wp, C) <-> (B, nW, N, C)``;
+* :func:`shift_mask`: ``(nW, N, N)``, 0 inside a region, ``mask_value`` (Swin: -100) across the
+  regions the cyclic shift glued together;
+* :func:`window_attention`: softmax attention over ``(B, nW, H, N, d)`` with one ``(nW | 1, H, N, N)``
+  term (bias + mask, combined once per layer) broadcast over the batch, never ``(B * nW, H, N, N)``;
+* :class:`WindowAttention`: the layer, with Swin V1's table, the factorized table, Swin V2's
+  continuous bias and cosine attention, under timm's parameter names.
+
+The fused path (CPU) runs SDPA's flash kernel forward and a backward that recomputes the window
+probabilities from the saved log-sum-exp, chunk by chunk: nothing of size ``(B, nW, H, N, N)``
+is kept between forward and backward, and the bias (table or MLP) gets its gradient. The readable
+reference path (``fused=False``) is the eager formula; tests hold them equal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import (
+    check_bool, check_choice, check_device, check_dtype, check_int, check_probability, check_real, check_scale, check_tensor,
+)
+from ..backends._denormals import flushing
+from ..encodings.window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
+from ..encodings.windows import normalize_window_size
+
+__all__ = ["PositionBiasKind", "window_partition", "window_merge", "shift_mask", "window_attention", "WindowAttention"]
+
+PositionBiasKind = Literal["table", "factorized", "continuous", "none"]
+SWIN_MASK_VALUE = -100.0  # Swin, timm and transformers' value between shifted regions
+_CHUNK_SCORES = 1 << 22  # scores recomputed at once in the backward (16 MiB in fp32)
+# exp of a score below this is subnormal in fp32 (< 1.2e-38), and CPUs compute subnormals about 100x
+# slower (in exp, then in every matmul they enter); the shift mask puts many scores there. Those
+# probabilities are set to 0, as fp32's exp itself does below -104: off by less than 1.6e-38.
+_EXP_FLOOR = -87.0
+
+
+def window_partition(x: torch.Tensor, window: int | tuple[int, int]) -> torch.Tensor:
+    """``(B, Hp, Wp, C) -> (B, nW, N, C)``, windows in raster order, patches in raster order.
+
+    >>> window_partition(torch.arange(16.0).view(1, 4, 4, 1), (2, 2))[0, :, :, 0]
+    tensor([[ 0.,  1.,  4.,  5.],
+            [ 2.,  3.,  6.,  7.],
+            [ 8.,  9., 12., 13.],
+            [10., 11., 14., 15.]])
+    """
+    check_tensor("x", x, shape="(B, Hp, Wp, C)")
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    if x.dim() != 4 or x.shape[1] % wh or x.shape[2] % ww:
+        raise ValueError(f"x must be (B, Hp, Wp, C) with Hp, Wp multiples of the window {(wh, ww)}, got {tuple(x.shape)}")
+    b, hp, wp, c = x.shape
+    x = x.view(b, hp // wh, wh, wp // ww, ww, c).transpose(2, 3)  # (B, nH, nW_, Wh, Ww, C)
+    return x.reshape(b, (hp // wh) * (wp // ww), wh * ww, c)  # (B, nW, N, C)
+
+
+def window_merge(windows: torch.Tensor, window: int | tuple[int, int], height: int, width: int) -> torch.Tensor:
+    """``(B, nW, N, C) -> (B, Hp, Wp, C)``: the inverse of :func:`window_partition`."""
+    check_tensor("windows", windows, shape="(B, nW, N, C)")
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    height, width = check_int("height", height, minimum=1), check_int("width", width, minimum=1)
+    if windows.dim() != 4 or height % wh or width % ww or windows.shape[1:3] != ((height // wh) * (width // ww), wh * ww):
+        raise ValueError(f"windows must be (B, nW, N, C) for a {height}x{width} map in windows of {(wh, ww)}, "
+                         f"got {tuple(windows.shape)}")
+    b, _, _, c = windows.shape
+    x = windows.view(b, height // wh, width // ww, wh, ww, c).transpose(2, 3)  # (B, nH, Wh, nW_, Ww, C)
+    return x.reshape(b, height, width, c)  # (B, Hp, Wp, C)
+
+
+def _shift(shift, window: tuple[int, int], *, name: str) -> tuple[int, int]:
+    """``0``, ``s`` or ``(sh, sw)``, each in ``[0, window)``."""
+    pair = tuple(shift) if isinstance(shift, Sequence) and not isinstance(shift, str) else (shift, shift)
+    if len(pair) != 2:
+        raise ValueError(f"{name} must be an int or (sh, sw), got {shift!r}")
+    pair = tuple(check_int(f"{name}[{k}]", s, minimum=0) for k, s in enumerate(pair))
+    if any(s >= w for s, w in zip(pair, window)):
+        raise ValueError(f"{name} must be smaller than the window {window} on each axis, got {pair}")
+    return pair
+
+
+def _regions(size: int, window: int, shift: int, device) -> torch.Tensor:
+    """(size,) region of each row (or column) after the roll: 0, 1 or 2 (Swin's three slices)."""
+    index = torch.arange(size, device=device)  # (size,)
+    return (index >= size - window).long() + (index >= size - shift).long()
+
+
+def shift_mask(
+    height: int,
+    width: int,
+    window: int | Sequence[int],
+    shift: int | tuple[int, int],
+    *,
+    mask_value: float = SWIN_MASK_VALUE,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``(nW, N, N)``: 0 between patches of one region, ``mask_value`` between regions.
+
+    ``height`` and ``width`` are the padded map's (multiples of the window). After the cyclic roll
+    by ``-shift``, the last row and column of windows hold patches from opposite borders; they must
+    not attend to each other. A 4x4 map, 2x2 windows, shift 1: the last window holds 4 regions.
+
+    >>> shift_mask(4, 4, 2, 1, mask_value=-1.0)[3]
+    tensor([[ 0., -1., -1., -1.],
+            [-1.,  0., -1., -1.],
+            [-1., -1.,  0., -1.],
+            [-1., -1., -1.,  0.]])
+    """
+    height, width = check_int("height", height, minimum=1), check_int("width", width, minimum=1)
+    wh, ww = normalize_window_size(window, ndim=2, name="window")
+    sh, sw = _shift(shift, (wh, ww), name="shift")
+    if height % wh or width % ww:
+        raise ValueError(f"height and width must be multiples of the window {(wh, ww)} (pad first), got {height}x{width}")
+    mask_value = check_real("mask_value", mask_value)
+    device = check_device("device", device)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    label = _regions(height, wh, sh, device)[:, None] * 3 + _regions(width, ww, sw, device)[None, :]  # (Hp, Wp)
+    labels = window_partition(label[None, :, :, None], (wh, ww))[0, :, :, 0]  # (nW, N)
+    different = labels[:, :, None] != labels[:, None, :]  # (nW, N, N)
+    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill(different, mask_value)
+
+
+class _WindowSDPA(torch.autograd.Function):
+    """Flash-kernel forward; backward from the saved log-sum-exp, in chunks of the batch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale):  # q, k, v (G, M, N, d); bias (1, M, N, N) broadcast over G
+        with flushing(q):  # a shift mask of -100 puts probabilities in the denormal range (relpos.backends._denormals)
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, False, attn_mask=bias, scale=scale
+            )[:2]  # (G, M, N, d), (G, M, N)
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        wide = torch.promote_types(bias.dtype, torch.float32)  # bf16 sums in fp32
+        need_bias = ctx.needs_input_grad[3]
+        step = max(1, _CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2]))
+        with flushing(q):
+            chunks = [
+                _window_grads(q[i : i + step], k[i : i + step], v[i : i + step], bias, out[i : i + step],
+                              lse[i : i + step], grad_out[i : i + step].contiguous(), ctx.scale, need_bias, wide)
+                for i in range(0, q.shape[0], step)
+            ]
+        grad_q, grad_k, grad_v = (c[0] if len(chunks) == 1 else torch.cat(c) for c in list(zip(*chunks))[:3])
+        grad_bias = None
+        if need_bias:
+            grad_bias = chunks[0][3]
+            for c in chunks[1:]:
+                grad_bias.add_(c[3])
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_q, grad_k, grad_v, grad_bias, None
+
+
+def _window_grads(q, k, v, bias, out, lse, grad_out, scale, need_bias, wide):
+    """Gradients of softmax(q k^T s + bias) v for one chunk; ``dS`` summed over it for the bias."""
+    g, m, n, d = q.shape
+    q3, k3, v3, o3, go3 = (t.reshape(g * m, n, -1) for t in (q, k, v, out, grad_out))  # (gM, N, d)
+    scores = torch.bmm(q3, k3.transpose(1, 2)).view(g, m, n, n)  # (g, M, N, N)
+    logits = scores.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1))  # (g, M, N, N)
+    negligible = logits < _EXP_FLOOR  # (g, M, N, N)
+    probs = logits.clamp_min_(_EXP_FLOOR).exp_().masked_fill_(negligible, 0.0).view(g * m, n, n)  # softmax, recomputed
+    grad_v = torch.bmm(probs.transpose(1, 2), go3)  # (gM, N, d)
+    grad_probs = torch.bmm(go3, v3.transpose(1, 2))  # (gM, N, N)
+    row_dot = (go3 * o3).sum(-1, keepdim=True)  # (gM, N, 1)
+    grad_scores = probs.mul_(grad_probs.sub_(row_dot))  # (gM, N, N), in place of probs
+    grad_bias = grad_scores.view(g, m, n, n).sum(0, keepdim=True, dtype=wide) if need_bias else None  # (1, M, N, N)
+    grad_q = torch.bmm(grad_scores, k3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
+    grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
+    return grad_q, grad_k, grad_v.view(g, m, n, -1), grad_bias
+
+
+def _reference(q, k, v, bias, scale, dropout_p, training):
+    """The eager formula, the oracle: (B, nW, H, N, d) with bias (nW | 1, H, N, N) broadcast over B."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, nW, H, N, N)
+    if bias is not None:
+        scores = scores + bias  # broadcast over the batch
+    probs = F.dropout(scores.softmax(-1), p=dropout_p, training=training)  # (B, nW, H, N, N)
+    return probs @ v  # (B, nW, H, N, d)
+
+
+def _fusable(q: torch.Tensor, dropout_p: float, training: bool) -> bool:
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not (
+        dropout_p > 0 and training
+    )
+
+
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    fused: bool = True,
+) -> torch.Tensor:
+    """Attention inside windows: ``(B, nW, H, N, d)`` in and out.
+
+    ``bias`` is one ``(nW, H, N, N)`` or ``(1, H, N, N)`` tensor (position bias plus shift mask,
+    built once per layer) added to every example's scores; it is broadcast, never expanded to
+    ``(B, nW, H, N, N)``. ``fused=False`` runs the eager reference. Dropout on the attention
+    weights (when ``training``) runs the reference path: CPU SDPA kernels have no dropout.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, shape="(B, nW, H, N, d)")
+        if t.dim() != 5:
+            raise ValueError(f"{name} must be (B, nW, H, N, d) (5 dims), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape and q.shape[:4] == v.shape[:4]):
+        raise ValueError(f"q, k, v must share (B, nW, H, N) and q, k their d: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, nw, h, n, d = q.shape
+    if bias is not None:
+        check_tensor("bias", bias, shape="(nW | 1, H, N, N)")
+    if bias is not None and (bias.dim() != 4 or bias.shape[0] not in (1, nw) or tuple(bias.shape[1:]) != (h, n, n)):
+        raise ValueError(f"bias must be (nW or 1, H, N, N) = ({nw} or 1, {h}, {n}, {n}), got {tuple(bias.shape)}")
+    dropout_p = check_probability("dropout_p", dropout_p)
+    scale = check_scale("scale", scale)
+    scale = d**-0.5 if scale is None else scale
+    if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
+        return _reference(q, k, v, bias, scale, dropout_p, training)
+    if bias is None:
+        bias = q.new_zeros(1, 1, n, n).expand(1, h, n, n)
+    # one bias for every window: fold the windows into the batch; one per window: fold them into the heads
+    groups, heads = (b * nw, h) if bias.shape[0] == 1 else (b, nw * h)
+    shaped = [t.reshape(groups, heads, n, d) for t in (q, k, v)]  # (G, M, N, d)
+    folded = bias.to(q.dtype).reshape(1, heads, n, n)  # (1, M, N, N): broadcast over G, never copied per example
+    return _WindowSDPA.apply(*shaped, folded, scale).view(b, nw, h, n, d)
+
+
+def _pad_to_windows(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+    """Zero-pad ``(B, Hf, Wf, C)`` at the bottom and right to whole windows (Swin, timm, transformers)."""
+    pad_h = -x.shape[1] % window[0]
+    pad_w = -x.shape[2] % window[1]
+    return F.pad(x, (0, 0, 0, pad_w, 0, pad_h)) if pad_h or pad_w else x
+
+
+class WindowAttention(nn.Module):
+    """(Shifted) window self-attention over a ``(B, Hf, Wf, C)`` feature map, Swin V1 or V2.
+
+    Args:
+        dim: channels ``C`` (split into ``num_heads`` heads).
+        num_heads: heads.
+        window_size: ``W`` or ``(Wh, Ww)``.
+        shift_size: the cyclic shift (0: plain windows; Swin uses ``W // 2`` every second block).
+        position_bias: ``"table"`` (Swin V1's learned table), ``"factorized"`` (row + column
+            tables), ``"continuous"`` (Swin V2's MLP) or ``"none"``.
+        cosine: Swin V2's cosine attention: ``cos(q, k) * exp(min(logit_scale, log 100))``.
+        pretrained_window_size: Swin V2: the window the continuous bias was trained at.
+        qkv_bias: biases on the q, k, v projections (V2, as timm: ``q_bias`` and ``v_bias`` only).
+        attn_drop, proj_drop: dropout on the attention weights and on the output.
+        mask_value: the score added across shifted regions (Swin: -100).
+        fused: the fused path (see :func:`window_attention`); ``False``: the eager reference.
+
+    Parameter names are timm's (``qkv``, ``proj``, ``logit_scale``, ``q_bias``, ``v_bias``); the
+    position bias lives in ``position_bias``, and timm's flat names (``relative_position_bias_table``,
+    ``cpb_mlp.*``) and transformers' ``continuous_position_bias_mlp.*`` load into it.
+
+    >>> layer = WindowAttention(dim=32, num_heads=2, window_size=4, shift_size=2)
+    >>> layer(torch.randn(2, 8, 10, 32)).shape  # 10 columns: padded to 12, cropped back
+    torch.Size([2, 8, 10, 32])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: int | Sequence[int],
+        shift_size: int | tuple[int, int] = 0,
+        *,
+        position_bias: PositionBiasKind = "table",
+        cosine: bool = False,
+        pretrained_window_size: int | tuple[int, int] = 0,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        mask_value: float = SWIN_MASK_VALUE,
+        fused: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": check_device("device", device), "dtype": check_dtype("dtype", dtype)}
+        self.dim = check_int("dim", dim, minimum=1)
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        if dim % num_heads:
+            raise ValueError(f"dim must be a multiple of num_heads, got dim={dim}, num_heads={num_heads}")
+        self.window_size = normalize_window_size(window_size, ndim=2)
+        self.shift_size = _shift(shift_size, self.window_size, name="shift_size")
+        self.position_bias_kind = check_choice("position_bias", position_bias, ("table", "factorized", "continuous", "none"))
+        self.cosine = check_bool("cosine", cosine)
+        self.mask_value = check_real("mask_value", mask_value)
+        qkv_bias = check_bool("qkv_bias", qkv_bias)
+        self.fused = check_bool("fused", fused)
+        self.attn_drop = check_probability("attn_drop", attn_drop)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias and not cosine, **factory)
+        self.q_bias = nn.Parameter(torch.zeros(dim, **factory)) if qkv_bias and cosine else None
+        self.v_bias = nn.Parameter(torch.zeros(dim, **factory)) if qkv_bias and cosine else None
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10), **factory)) if cosine else None
+        self.position_bias = self._make_bias(position_bias, pretrained_window_size, factory)
+        self.proj = nn.Linear(dim, dim, **factory)
+        self.proj_drop = nn.Dropout(check_probability("proj_drop", proj_drop))
+
+    def _make_bias(self, kind: str, pretrained, factory) -> nn.Module | None:
+        if kind == "table":
+            return RelativePositionBias(self.num_heads, self.window_size, **factory)
+        if kind == "factorized":
+            return FactorizedRelativePositionBias(self.num_heads, self.window_size, **factory)
+        if kind == "continuous":
+            return ContinuousPositionBias(self.num_heads, self.window_size, pretrained, **factory)
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        """timm's flat names for the bias (``relative_position_bias_table``, ``cpb_mlp.*``) go to ``position_bias``."""
+        flat = ("relative_position_bias_table", "relative_position_index", "relative_coords_table", "cpb_mlp.",
+                "continuous_position_bias_mlp.")
+        for key in [k for k in state_dict if k.startswith(prefix) and k[len(prefix):].startswith(flat)]:
+            state_dict[prefix + "position_bias." + key[len(prefix):]] = state_dict.pop(key)
+        state_dict.pop(prefix + "k_bias", None)  # timm V2: a zero buffer
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, shift_size={self.shift_size}, "
+                f"position_bias={self.position_bias_kind!r}, cosine={self.cosine}")
+
+    def window_bias(self, height: int, width: int, *, device=None, dtype=None) -> torch.Tensor | None:
+        """``(nW | 1, H, N, N)``: the position bias plus the shift mask of a padded map, combined once."""
+        bias = None if self.position_bias is None else self.position_bias()[None]  # (1, H, N, N)
+        if any(self.shift_size):
+            mask = shift_mask(height, width, self.window_size, self.shift_size, mask_value=self.mask_value,
+                              device=device, dtype=dtype or torch.float32)[:, None]  # (nW, 1, N, N)
+            bias = mask if bias is None else bias + mask  # (nW, H, N, N)
+        return bias
+
+    def project(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+        """``(B, nW, N, C)`` -> q, k, v ``(B, nW, H, N, d)`` and the scale (cosine: q carries it)."""
+        b, nw, n, c = windows.shape
+        bias = None
+        if self.q_bias is not None:
+            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # (3C,)
+        qkv = F.linear(windows, self.qkv.weight, self.qkv.bias if bias is None else bias)  # (B, nW, N, 3C)
+        q, k, v = qkv.view(b, nw, n, 3, self.num_heads, -1).permute(3, 0, 1, 4, 2, 5)  # 3 x (B, nW, H, N, d)
+        if not self.cosine:
+            return q, k, v, None
+        logit_scale = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (H, 1, 1)
+        return F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), v, 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, Hf, Wf, C) -> (B, Hf, Wf, C)``."""
+        check_tensor("x", x, shape="(B, Hf, Wf, C)")
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be (B, Hf, Wf, C={self.dim}), got shape {tuple(x.shape)}")
+        b, height, width, c = x.shape
+        padded = _pad_to_windows(x, self.window_size)  # (B, Hp, Wp, C)
+        hp, wp = padded.shape[1:3]
+        if any(self.shift_size):
+            padded = torch.roll(padded, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        q, k, v, scale = self.project(window_partition(padded, self.window_size))  # (B, nW, H, N, d)
+        bias = self.window_bias(hp, wp, device=x.device, dtype=x.dtype)  # (nW | 1, H, N, N)
+        out = window_attention(q, k, v, bias, scale=scale, dropout_p=self.attn_drop, training=self.training,
+                               fused=self.fused)  # (B, nW, H, N, d)
+        out = self.proj_drop(self.proj(out.transpose(2, 3).flatten(3)))  # (B, nW, N, C)
+        merged = window_merge(out, self.window_size, hp, wp)  # (B, Hp, Wp, C)
+        if any(self.shift_size):
+            merged = torch.roll(merged, shifts=self.shift_size, dims=(1, 2))
+        return merged[:, :height, :width]  # (B, Hf, Wf, C)

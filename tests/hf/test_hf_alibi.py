@@ -1,0 +1,461 @@
+"""relpos.hf.accelerate for the ALiBi families (Bloom, MPT, Falcon with alibi=True), against the unmodified models.
+
+No downloads: small configs, random weights. Every comparison is with transformers' own model holding
+the same weights; batches mix left padding (decoder-only generation), right padding and no padding.
+"""
+
+import copy
+import functools
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import relpos.hf as rh  # noqa: E402
+import relpos.hf.alibi as hf_alibi  # noqa: E402
+from relpos import OffsetBias  # noqa: E402
+from transformers.models.bloom import modeling_bloom  # noqa: E402
+from transformers.models.falcon import modeling_falcon  # noqa: E402
+from transformers.models.mpt import modeling_mpt  # noqa: E402
+
+from relpos.backends import dispatch as relpos_attention
+
+VOCAB = 96
+TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)  # attention matters at init
+CONFIGS = {
+    "bloom": lambda **o: transformers.BloomConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0, attention_dropout=0.0),
+        **TOKENS, **o}),
+    "mpt": lambda **o: transformers.MptConfig(**{
+        **dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=128), **TOKENS, **o}),
+    "falcon": lambda **o: transformers.FalconConfig(**{
+        **dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+               hidden_dropout=0.0, attention_dropout=0.0), **TOKENS, **o}),
+}
+HEADS = {
+    "bloom": ("Bloom", transformers.BloomForCausalLM),
+    "mpt": ("Mpt", transformers.MptForCausalLM),
+    "falcon": ("Falcon", transformers.FalconForCausalLM),
+}
+FAMILIES = sorted(CONFIGS)
+
+
+def pair(family, model_class=None, **overrides):
+    """(transformers' model, an accelerated deep copy with the same weights), both in eval mode."""
+    torch.manual_seed(0)
+    reference = (model_class or HEADS[family][1])(CONFIGS[family](**overrides)).eval()
+    return reference, rh.accelerate(copy.deepcopy(reference))
+
+
+def batch(b=3, length=40):
+    """Example 0 left-padded by 9, example 1 right-padded after 31, example 2 unpadded; labels -100 on padding."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (b, length), generator=g)
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[0, :9] = 0
+    mask[1, 31:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, mask, labels
+
+
+def assert_close(ours, theirs, rel=1e-4, what=""):
+    """max |ours - theirs| <= rel * max |theirs|: relative to the tensor's scale."""
+    scale = theirs.abs().max().clamp_min(1e-12)
+    err = (ours - theirs).abs().max()
+    assert err <= rel * scale, f"{what}: max error {err:.3g} > {rel} * {scale:.3g}"
+
+
+def grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def train_step(model, ids, mask, labels):
+    model.train()  # dropout 0: training mode, deterministic
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return out, grads(model)
+
+
+def compare_training(reference, accelerated, ids, mask, labels):
+    # transformers' Falcon runs SDPA; on CPU its flash kernel's backward is off by up to ~30x on the rows a left
+    # padding masks entirely (the dtype's minimum swallows log(Lk)), so the reference runs SDPA's math kernel
+    with sdpa_kernel(SDPBackend.MATH):
+        a, ga = train_step(reference, ids, mask, labels)
+    b, gb = train_step(accelerated, ids, mask, labels)
+    assert_close(b.logits, a.logits, what="logits")
+    assert_close(b.loss, a.loss, what="loss")
+    assert ga.keys() == gb.keys() and len(ga) == len(list(reference.parameters()))
+    for name in ga:
+        assert_close(gb[name], ga[name], what=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_loss_and_every_gradient_equal_transformers(family):
+    reference, accelerated = pair(family)
+    compare_training(reference, accelerated, *batch())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tile_and_fused_paths_equal_transformers(family, monkeypatch):
+    """Forced past the small-problem shortcut: tiles (padding, causal) and each relpos backend."""
+    reference, accelerated = pair(family)
+    ids, mask, labels = batch()
+    monkeypatch.setattr(relpos_attention, "_FUSED_MIN_SCORES", 0)
+    compare_training(reference, accelerated, ids, mask, labels)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+        for backend in ("eager", "sdpa", "fused"):
+            monkeypatch.setattr(hf_alibi, "attention", functools.partial(relpos_attention.attention, backend=backend))
+            assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, expected, what=backend)
+
+
+def zero_alibi(monkeypatch):
+    """transformers' own models with their ALiBi builders returning zeros (no relpos involved)."""
+    monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
+        mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype))
+    monkeypatch.setattr(modeling_bloom, "_get_alibi_slopes", lambda heads, device: torch.zeros(heads, device=device))
+    monkeypatch.setattr(modeling_mpt.MptModel, "build_mpt_alibi_tensor", lambda self, heads, length, *a, device=None: torch.zeros(
+        heads, 1, length, device=device))
+    monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
+        mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_alibi_term_changes_the_logits_far_beyond_the_tolerance(family, monkeypatch):
+    reference, _ = pair(family)
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        with_alibi = reference(input_ids=ids, attention_mask=mask).logits
+        zero_alibi(monkeypatch)
+        without = reference(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert (with_alibi - without)[real].abs().max() > 1e3 * 1e-4 * with_alibi.abs().max()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_identical_tokens_and_step_logits_with_left_padding(family):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch(length=24)
+    ids, mask = ids[[0, 2]], mask[[0, 2]]  # left padding only, as for decoder-only generation
+    for kwargs in ({"do_sample": False}, {"num_beams": 2, "do_sample": False}, {"do_sample": True, "top_k": 10}):
+        outs = []
+        for model in (reference, accelerated):
+            torch.manual_seed(7)
+            outs.append(model.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                                       output_logits=True, return_dict_in_generate=True, **kwargs))
+        assert torch.equal(outs[0].sequences, outs[1].sequences), kwargs
+        assert len(outs[0].logits) == len(outs[1].logits) == 6
+        for step, (a, b) in enumerate(zip(outs[0].logits, outs[1].logits)):
+            assert (a - b).abs().max() <= 1e-5 * max(1.0, a.abs().max().item()), (kwargs, step)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_cache_matches_one_full_pass(family):
+    """Decoding step by step with the KV cache (left padding) gives the logits of one pass over everything."""
+    _, accelerated = pair(family)
+    ids, mask, _ = batch(length=20)
+    with torch.no_grad():
+        full = accelerated(input_ids=ids, attention_mask=mask).logits
+        out = accelerated(input_ids=ids[:, :12], attention_mask=mask[:, :12], use_cache=True)
+        steps = [out.logits]
+        for t in range(12, 20):
+            out = accelerated(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                              past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    real = mask.bool()  # left-padding rows average over the keys present, which a prefix pass has fewer of
+    assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what="cached")
+
+
+HEAD_NAMES = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
+
+
+@pytest.mark.parametrize("head", HEAD_NAMES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_task_head(family, head):
+    model_class = getattr(transformers, HEADS[family][0] + head)
+    reference, accelerated = pair(family, model_class=model_class)
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        a, b = reference(input_ids=ids, attention_mask=mask), accelerated(input_ids=ids, attention_mask=mask)
+    keys = [k for k in ("logits", "start_logits", "end_logits", "last_hidden_state") if getattr(a, k, None) is not None]
+    assert keys
+    for key in keys:
+        assert_close(getattr(b, key), getattr(a, key), what=key)
+
+
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        ("bloom", {"n_head": 6, "hidden_size": 48}),  # 6 heads: not a power of two
+        ("mpt", {"n_heads": 6, "d_model": 48}),
+        ("mpt", {"attn_config": {"clip_qkv": 0.05, "softmax_scale": 0.9}}),
+        ("falcon", {"multi_query": False}),
+        ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+        ("falcon", {"num_attention_heads": 6, "hidden_size": 48}),
+    ],
+)
+def test_variants(family, overrides):
+    """Head counts (power of two or not: slopes and their order), MPT's clip_qkv/softmax_scale, Falcon's kv heads."""
+    reference, accelerated = pair(family, **overrides)
+    compare_training(reference, accelerated, *batch())
+
+
+def test_bloom_padding_with_holes_counts_positions_as_bloom():
+    """Bloom's positions skip masked tokens (cumsum): a mask with holes takes the exact per-key path."""
+    reference, accelerated = pair("bloom")
+    ids, mask, labels = batch()
+    mask[2, 10:14] = 0
+    labels[2, 10:14] = -100
+    assert not hf_alibi.contiguous(mask.bool())
+    compare_training(reference, accelerated, ids, mask, labels)
+
+
+def test_falcon_alibi_past_position_256_is_falcons_bfloat16_rounding():
+    """Falcon rounds slope * position to bfloat16: past 256 it is no function of the offset; the result still matches."""
+    reference, accelerated = pair("falcon")
+    alibi = modeling_falcon.build_alibi_tensor(torch.ones(1, 300, dtype=torch.long), 4, torch.float32)[:, 0]  # (H, L)
+    slopes = alibi[:, 1:2]
+    assert not torch.equal(alibi, slopes * torch.arange(300.0))  # rounded: not m * position
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, VOCAB, (2, 300), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :20] = 0
+    with torch.no_grad():
+        assert_close(accelerated(input_ids=ids, attention_mask=mask).logits,
+                     reference(input_ids=ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_the_bias_is_relpos_alibi_per_offset_and_never_dense(family, monkeypatch):
+    reference, accelerated = pair(family)
+    ids, mask, labels = batch()
+    monkeypatch.setattr(relpos_attention, "_FUSED_MIN_SCORES", 0)
+    seen = []
+    real = hf_alibi.attention
+
+    def spy(query, key, value, **kwargs):
+        seen.append(kwargs["bias"])
+        return real(query, key, value, **kwargs)
+
+    def dense(self):
+        raise AssertionError("a (B, H, Lq, Lk) bias was built")
+
+    monkeypatch.setattr(hf_alibi, "attention", spy)
+    monkeypatch.setattr(OffsetBias, "dense", dense)
+    accelerated.train()
+    accelerated(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert len(seen) == 2 and all(isinstance(b, rh.alibi.ALiBi) for b in seen)
+    slopes = seen[0].slopes
+    expected = (modeling_bloom._get_alibi_slopes(4, "cpu") if family == "bloom"
+                else -modeling_mpt.build_mpt_alibi_tensor(4, 2)[:, 0, 0])
+    assert torch.equal(slopes, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_low_precision_within_transformers_own_error(family, dtype):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    real = mask.bool()
+    with torch.no_grad():
+        exact = reference(input_ids=ids, attention_mask=mask).logits[real]
+        theirs = reference.to(dtype)(input_ids=ids, attention_mask=mask).logits.float()[real]
+        ours = accelerated.to(dtype)(input_ids=ids, attention_mask=mask).logits.float()[real]
+    assert torch.isfinite(theirs).all()
+    assert torch.isfinite(ours).all()
+    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dropout_in_training_mode_only(family):
+    dropout = {"bloom": {"attention_dropout": 0.3}, "mpt": {}, "falcon": {"attention_dropout": 0.3}}
+    reference, accelerated = pair(family, **dropout[family])
+    if family == "mpt":  # MptAttentionConfig types attn_pdrop as int (refuses 0.3): set the layers' own attribute
+        for model in (reference, accelerated):
+            for module in model.modules():
+                if hasattr(module, "attn_dropout_p"):
+                    module.attn_dropout_p = 0.3
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        a = accelerated(input_ids=ids, attention_mask=mask).logits
+        assert_close(a, reference(input_ids=ids, attention_mask=mask).logits, what="eval")
+    accelerated.train()
+    torch.manual_seed(0)
+    b = accelerated(input_ids=ids, attention_mask=mask, labels=labels)
+    b.loss.backward()
+    assert not torch.allclose(b.logits, a, atol=1e-3)
+    assert all(torch.isfinite(g).all() for g in grads(accelerated).values())
+    torch.manual_seed(0)
+    assert torch.equal(accelerated(input_ids=ids, attention_mask=mask, labels=labels).logits, b.logits)  # seeded
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradient_checkpointing(family):
+    reference, accelerated = pair(family)
+    accelerated.gradient_checkpointing_enable()
+    compare_training(reference, accelerated, *batch())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_round_trip(family, tmp_path):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    accelerated.save_pretrained(tmp_path)
+    assert hf_alibi.MASK_NAME not in (tmp_path / "config.json").read_text()
+    loaded = type(reference).from_pretrained(tmp_path).eval()
+    assert not rh.is_accelerated(loaded) and loaded.state_dict().keys() == reference.state_dict().keys()
+    rh.accelerate(loaded)
+    with torch.no_grad():
+        assert_close(loaded(input_ids=ids, attention_mask=mask).logits, reference(input_ids=ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_restore(family):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    attentions = [m for m in accelerated.modules() if type(m).__name__ in rh.FAMILIES[family].attention_classes]
+    assert attentions and all("forward" in vars(m) for m in attentions)
+    assert rh.accelerate(accelerated) is accelerated  # twice: a no-op
+    rh.restore(accelerated)
+    assert not rh.is_accelerated(accelerated) and not any("forward" in vars(m) for m in attentions)
+    assert accelerated.config._attn_implementation == reference.config._attn_implementation
+    with torch.no_grad():
+        assert torch.equal(accelerated(input_ids=ids, attention_mask=mask).logits,
+                           reference(input_ids=ids, attention_mask=mask).logits)
+    with pytest.raises(ValueError, match="was not accelerated"):
+        rh.restore(accelerated)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_torch_compile_forward(family):
+    """Inductor for Bloom; dynamo's graph capture of the instance forwards (backend "eager") for the others, faster."""
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    compiled = torch.compile(accelerated, backend="inductor" if family == "bloom" else "eager")
+    with torch.no_grad():
+        assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
+                     reference(input_ids=ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_attentions(family):
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        a = reference(input_ids=ids, attention_mask=mask, output_attentions=family != "falcon")
+        b = accelerated(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert_close(b.logits, a.logits)
+    if family == "mpt":  # MptBlock never tells its attention that weights are wanted
+        assert all(w is None for w in b.attentions)
+    elif family == "falcon":  # transformers' eager Falcon adds ALiBi twice (in the layer and in the merged mask)
+        assert len(b.attentions) == 2 and all(w.shape == (3, 4, 40, 40) for w in b.attentions)
+        assert all(torch.allclose(w.sum(-1), torch.ones(3, 4, 40)) for w in b.attentions)
+        assert all(bool((w[2].triu(1) == 0).all()) for w in b.attentions)  # causal (example 2 has no padding)
+    else:
+        for x, y in zip(a.attentions, b.attentions):
+            assert_close(y, x, what="weights")
+
+
+def untouched(model):
+    return not rh.is_accelerated(model) and not any("forward" in vars(m) for m in model.modules())
+
+
+def test_falcon_without_alibi_is_refused_before_any_change():
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(CONFIGS["falcon"](alibi=False))
+    with pytest.raises(ValueError, match="config.alibi=False.*rotary"):
+        rh.accelerate(model)
+    assert untouched(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_bloom_slow_but_exact_is_refused_before_any_change():
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(CONFIGS["bloom"](pretraining_tp=2, slow_but_exact=True))
+    with pytest.raises(ValueError, match="slow_but_exact=True with pretraining_tp=2"):
+        rh.accelerate(model)
+    assert untouched(model)
+
+
+@pytest.mark.parametrize("family", ["bloom", "falcon"])  # transformers' MPT has no static cache
+def test_a_static_cache_is_refused(family):
+    _, accelerated = pair(family)
+    ids, mask, _ = batch(length=12)
+    with pytest.raises(ValueError, match="static cache"):
+        accelerated.generate(ids, attention_mask=mask, max_new_tokens=2, cache_implementation="static")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_unfitting_transformers_is_refused_with_its_version(family, monkeypatch):
+    reference, _ = pair(family)
+    attention_class = next(type(m) for m in reference.modules() if type(m).__name__ in rh.FAMILIES[family].attention_classes)
+    monkeypatch.setattr(attention_class, "forward", lambda self, hidden_states, mask=None: None)  # another signature
+    with pytest.raises(RuntimeError, match=rf"does not fit {attention_class.__name__} of the installed transformers "
+                                           rf"{transformers.__version__}"):
+        rh.accelerate(reference)
+    assert untouched(reference)
+
+
+def test_the_error_for_other_models_names_the_alibi_families():
+    with pytest.raises(TypeError) as error:
+        rh.accelerate(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
+    assert all(name in str(error.value) for name in ("Bloom", "MPT", "Falcon (alibi=True)", "gpt2"))
+
+
+def test_model_benchmark_runs_for_an_alibi_family(tmp_path):
+    """benchmarks/t5_model.py --family mpt at a tiny size (no timing assertions): every variant of every mode."""
+    import json
+
+    from relpos.hf.bench import main
+
+    out = tmp_path / "mpt.json"
+    assert main(["--family", "mpt", "--lengths", "32", "--batches", "2", "--modes", "forward,train,generate",
+                 "--rounds", "1", "--d-model", "32", "--heads", "4", "--layers", "1", "--json", str(out),
+                 "--markdown", str(tmp_path / "mpt.md")]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert {(r["mode"], r["variant"]) for r in results} == {
+        (m, v) for m in ("forward", "train", "generate") for v in ("hf_eager", "relpos", "no_bias_floor")
+    }
+    assert all(r["ms"] > 0 for r in results) and "fastest hf / relpos" in (tmp_path / "mpt.md").read_text()
+
+
+def test_model_benchmark_skips_a_family_accelerate_refuses(tmp_path, monkeypatch):
+    from relpos.hf import bench
+
+    gpt2 = bench.Builder(lambda mode, config: transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
+    monkeypatch.setitem(bench.BUILDERS, "t5", gpt2)
+    report = bench.run_model_bench(bench.ModelBenchConfig(lengths=(16,), batches=(1,), modes=("forward",), rounds=1))
+    assert report["results"] == [] and "model_type='gpt2'" in report["refused"]
+    assert bench.markdown(report).startswith("t5: skipped, relpos.hf.accelerate refuses it here")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_sharing_the_config_object_keeps_transformers_attention(family):
+    """Models built from one config object share it: accelerating one must not switch the other's masks."""
+    config = CONFIGS[family]()
+    torch.manual_seed(0)
+    other = HEADS[family][1](config).eval()
+    accelerated = rh.accelerate(HEADS[family][1](config).eval())
+    accelerated.load_state_dict(other.state_dict())
+    assert other.config is config and config._attn_implementation != hf_alibi.MASK_NAME
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, other(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_every_benchmark_builder_builds_and_runs_a_small_model():
+    """The --family table: each builder makes a model that runs on the benchmark's padded inputs."""
+    from relpos.hf import bench
+
+    config = bench.ModelBenchConfig(d_model=32, heads=2, layers=1)
+    assert {"t5", "bloom", "mpt", "falcon", "switch_transformers", "pop2piano", "pix2struct", "udop",
+            "longt5"} <= set(bench.BUILDERS)
+    for name, builder in bench.BUILDERS.items():
+        model = builder.build("forward", config).eval()
+        ids, mask = bench._inputs(2, 16)
+        extra = builder.extra(2, 16) if builder.extra else {}
+        with torch.no_grad():
+            out = bench._output(model(input_ids=ids, attention_mask=mask, **extra))
+        assert out.shape[:2] == (2, 16) and torch.isfinite(out).all(), name

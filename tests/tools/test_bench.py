@@ -1,0 +1,47 @@
+"""relpos bench runs end to end at a tiny size and reports every variant (no timing assertions)."""
+
+import json
+
+import pytest
+
+from relpos.tools.bench import BenchConfig, markdown_tables, ratio_summary, run_bench
+from relpos.tools.cli import main
+
+
+def test_bench_reports_every_variant():
+    report = run_bench(BenchConfig(lengths=(64,), batches=(1,), rounds=1, flex=False))
+    variants = {(r["mode"], r["variant"]) for r in report["results"]}
+    assert ("train", "relpos_fused") in variants and ("forward", "hf_eager") in variants
+    assert ("build", "hf_compute_bias") in variants and ("decode", "relpos_decode_step") in variants
+    assert all(r["ms"] > 0 for r in report["results"])
+    text = markdown_tables(report)
+    assert "### forward" in text and "### train" in text and "| 1 | 64 |" in text
+    assert len(ratio_summary(report, 64)) == 13 + 4 + 7  # + causal 2 per batch size x 2, padded 2, memory 3, dropout 2
+    for mode in ("causal_forward", "causal_train", "padded_forward", "padded_train", "dropout_train"):
+        assert (mode, "relpos_auto") in variants and f"### {mode}" in text
+    assert report["machine"]["torch"] and report["machine"]["transformers"]
+
+
+def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    assert main(["bench", "--lengths", "32", "--batches", "1", "--modes", "build,decode", "--rounds", "1",
+                 "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    assert json.loads(out_json.read_text())["results"]
+    markdown = out_md.read_text()
+    assert "### build" in markdown and "machine:" in capsys.readouterr().out
+    # a short run's targets table says at which length it measured, and that the goals are for 4096
+    assert "| target, measured at L=32 | measured | goal (set for L=4096) |" in markdown
+    assert "Measured at L=32, not 4096" in markdown
+
+
+@pytest.mark.parametrize("argv,phrase", [
+    (["--lengths", "1000000"], "--lengths must be integers from 1 to 32768"),
+    (["--lengths", "0"], "--lengths must be integers from 1 to 32768"),
+    (["--lengths", "a,b"], "--lengths must be comma-separated integers"),
+    (["--batches", "1000"], "--batches must be integers from 1 to 64"),
+    (["--rounds", "0"], "--rounds must be from 1 to 100"),
+])
+def test_bench_sizes_are_bounded_before_any_work(capsys, argv, phrase):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2 and phrase in capsys.readouterr().err
