@@ -32,6 +32,19 @@ def make_pair(model: torch.nn.Module):
     return reference, rh.accelerate(copy.deepcopy(reference))
 
 
+def padded_seq2seq(vocab_size: int, b: int = 3, length: int = 40, target: int = 30) -> dict:
+    """Token ids with right padding (example 1, from 25) and left padding (example 2, up to 9), and labels
+    with padding (-100, example 2 from 20): the batch every seq2seq family's tests use."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, vocab_size, (b, length), generator=g)
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[1, 25:] = 0
+    mask[2, :9] = 0
+    labels = torch.randint(2, vocab_size, (b, target), generator=g)
+    labels[2, 20:] = -100
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}
+
+
 def grads(model):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 

@@ -23,14 +23,7 @@ def pair(model_class=transformers.LongT5ForConditionalGeneration, **overrides):
 
 
 def padded(b=3, length=90, target=30):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, SMALL["vocab_size"], (b, length), generator=g)
-    mask = torch.ones(b, length, dtype=torch.long)
-    mask[1, 25:] = 0
-    mask[2, :9] = 0
-    labels = torch.randint(2, SMALL["vocab_size"], (b, target), generator=g)
-    labels[2, 20:] = -100
-    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}
+    return hf_checks.padded_seq2seq(SMALL["vocab_size"], b, length, target)
 
 
 @pytest.mark.parametrize("attention_type", ["local", "transient-global"])

@@ -23,14 +23,9 @@ def pair():
 
 def padded(b=3, length=40, target=30):
     """Audio features with right padding (example 1) and left padding (example 2); 40 > max_distance 16."""
-    g = torch.Generator().manual_seed(1)
-    features = torch.randn(b, length, SMALL["d_model"], generator=g)
-    mask = torch.ones(b, length, dtype=torch.long)
-    mask[1, 25:] = 0
-    mask[2, :9] = 0
-    labels = torch.randint(2, SMALL["vocab_size"], (b, target), generator=g)
-    labels[2, 20:] = -100
-    return {"input_features": features, "attention_mask": mask, "labels": labels}
+    inputs = hf_checks.padded_seq2seq(SMALL["vocab_size"], b, length, target)
+    features = torch.randn(b, length, SMALL["d_model"], generator=torch.Generator().manual_seed(2))
+    return {"input_features": features, "attention_mask": inputs["attention_mask"], "labels": inputs["labels"]}
 
 
 def test_logits_loss_gradients_and_generate_equal_transformers():

@@ -28,16 +28,10 @@ def pair(model_class=transformers.UdopForConditionalGeneration):
 
 def padded(b=3, length=40, target=30, image=False):
     """Tokens with boxes, right padding (example 1), left padding (example 2), padded labels; 40 > 16."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, SMALL["vocab_size"], (b, length), generator=g)
+    g = torch.Generator().manual_seed(2)
+    inputs = hf_checks.padded_seq2seq(SMALL["vocab_size"], b, length, target)
     corners = torch.rand(b, length, 2, 2, generator=g).sort(dim=2).values  # x0 <= x1, y0 <= y1
-    bbox = corners.transpose(2, 3).reshape(b, length, 4)  # (x0, y0, x1, y1) in [0, 1]
-    mask = torch.ones(b, length, dtype=torch.long)
-    mask[1, 25:] = 0
-    mask[2, :9] = 0
-    labels = torch.randint(2, SMALL["vocab_size"], (b, target), generator=g)
-    labels[2, 20:] = -100
-    inputs = {"input_ids": ids.masked_fill(mask == 0, 0), "bbox": bbox, "attention_mask": mask, "labels": labels}
+    inputs["bbox"] = corners.transpose(2, 3).reshape(b, length, 4)  # (x0, y0, x1, y1) in [0, 1]
     if image:
         inputs["pixel_values"] = torch.randn(b, 3, SMALL["image_size"], SMALL["image_size"], generator=g)
     return inputs
