@@ -155,8 +155,17 @@ def _differences(report: dict, length: int, measure: str = "bits_per_byte") -> l
         lo, hi = sorted((sign * c["low"], sign * c["high"]))
         verdict = "significant" if c["significant"] else "not significant"
         lines.append(f"| {describe(better)} vs {describe(worse)} | {sign * c['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
-                     f"{c['p_holm']:.3g} | {verdict} |")
+                     f"{_p_text(c['p_holm'])} | {verdict} |")
     return lines
+
+
+def _p_text(p: float) -> str:
+    """A p-value for a table: 3 significant digits; below the float range, said so rather than '0'.
+
+    >>> _p_text(0.0123), _p_text(0.0)
+    ('0.0123', '< 1e-300')
+    """
+    return "< 1e-300" if p < 1e-300 else f"{p:.3g}"
 
 
 def _text_tables(report: dict) -> list[str]:

@@ -70,8 +70,10 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, weights: torch.Tensor | N
     ``a``, ``b``: ``(seeds, files)`` per-file means; ``weights``: ``(files,)`` (windows per file;
     default equal), so that the statistic is the window-weighted mean difference the tables show.
     Returns the observed difference, its 95% percentile interval, the bootstrap standard error and
-    a two-sided p-value ``(1 + #{resampled differences on the far side of 0}) / (1 + resamples)``,
-    doubled and capped at 1.
+    the two-sided normal p-value of ``observed / se`` (``erfc(|z| / sqrt 2)``; 0 when the
+    resamples do not vary and the difference is not 0). The share of resamples on the far side of 0
+    would floor p at ``2 / (1 + resamples)``, which Holm's adjustment over a family of hundreds of
+    comparisons turns into 1 for every one of them, so no difference could ever be called significant.
 
     >>> r = paired_bootstrap(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.5, 1.5, 2.5]]))
     >>> r["mean"], r["low"], r["high"]
@@ -91,9 +93,12 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, weights: torch.Tensor | N
     per_seed = per_seed.sum(-1) / w[f_idx].sum(-1)  # (S, R): each seed's weighted mean over resampled files
     stats = per_seed.gather(0, s_idx.T).mean(0)  # (R,): mean over resampled seeds
     low, high = torch.quantile(stats, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    far = int((stats <= 0).sum()) if observed > 0 else int((stats >= 0).sum())
-    p = min(1.0, 2 * (1 + far) / (1 + resamples))
-    return {"mean": observed, "low": low, "high": high, "se": float(stats.std()), "p": p, "resamples": resamples}
+    se = float(stats.std())
+    if se > 0:
+        p = math.erfc(abs(observed / se) / math.sqrt(2))
+    else:  # every resample gives the observed difference
+        p = 1.0 if observed == 0 else 0.0
+    return {"mean": observed, "low": low, "high": high, "se": se, "p": p, "resamples": resamples}
 
 
 def bootstrap_mean(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
