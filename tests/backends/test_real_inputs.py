@@ -159,7 +159,7 @@ def test_masks_that_are_not_key_padding_take_the_dense_path_and_say_why():
     for masks in ({"key_mask": holes}, {"attn_mask": additive}):
         expected = attention(q, k, v, bias=bias, backend="eager", **masks)
         assert torch.allclose(attention(q, k, v, bias=bias, **masks), expected, atol=1e-5)
-        with pytest.raises(ValueError, match="backend='fused' needs a relative"):
+        with pytest.raises(ValueError, match=r"backend='fused' cannot run this call \(needs a per-offset bias"):
             attention(q, k, v, bias=bias, backend="fused", **masks)
 
 

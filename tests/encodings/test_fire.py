@@ -64,7 +64,7 @@ def test_every_backend_equals_the_fp64_oracle(init_L, backend, lq, lk, causal, q
 
 def test_fused_refuses_past_the_threshold():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="backend='fused' needs a relative"):
+    with pytest.raises(ValueError, match=r"backend='fused' cannot run this call \(needs a per-offset bias"):
         attention(q, k, v, bias=make_fire(init_L=5.0), backend="fused")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Callable, Literal, Union
 
 import torch
 import torch.nn.functional as F
@@ -244,7 +244,7 @@ def _bias_grad(call: _Call) -> bool:
     return isinstance(call.bias, OffsetBias) and _needs_grad(call.bias.values)
 
 
-def _flex_unavailable(call: _Call, needs_grad: bool) -> str | None:
+def _flex_unavailable(call: _Call) -> str | None:
     if call.dense_reason:
         return f"flex reads a per-offset bias and key ranges; {call.dense_reason}"
     if call.dropout_p:
@@ -253,7 +253,7 @@ def _flex_unavailable(call: _Call, needs_grad: bool) -> str | None:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:  # pragma: no cover - torch >= 2.5 has it
         return "this torch has no torch.nn.attention.flex_attention"
-    if call.query.device.type == "cpu" and needs_grad:
+    if call.query.device.type == "cpu" and (_bias_grad(call) or _needs_grad(call.query, call.key, call.value)):
         return "torch's FlexAttention has no backward on CPU"
     return None
 
@@ -269,9 +269,8 @@ def _fused_unavailable(call: _Call) -> str | None:
 def _choose(call: _Call) -> BackendChoice:
     q = call.query
     bias_grad = _bias_grad(call)
-    needs_grad = bias_grad or _needs_grad(call.query, call.key, call.value)
     rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
-    flex_no, fused_no = _flex_unavailable(call, needs_grad), _fused_unavailable(call)
+    flex_no, fused_no = _flex_unavailable(call), _fused_unavailable(call)
     if call.dense_reason:
         rejected.update(fused=fused_no, flex=flex_no)
         return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)
@@ -374,38 +373,15 @@ def attention(
     """
     backend = check_choice("backend", backend, BACKENDS)
     call = _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset, backend=backend)
-    if backend == "auto":
-        backend = _choose(call).backend
-    if backend == "eager":
-        return _eager(call)
-    if backend == "sdpa":
-        return _sdpa(call)
-    if call.dense_reason:
-        raise ValueError(
-            f"backend={backend!r} needs a relative (per-offset) bias and at most a key padding mask, but "
-            f"{call.dense_reason}; use backend='sdpa' or 'eager'"
-        )
-    if backend == "fused":
-        if not fused_available(call.query):
-            raise ValueError(
-                f"backend='fused' runs on CPU with float tensors, got {call.query.dtype} on {call.query.device.type}; "
-                "use backend='flex' or 'sdpa' on GPU"
-            )
-        dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None
-        key, value = call.repeated_kv()  # the fused CPU kernel takes equal head counts
-        return fused_attention(call.query, key, value, call.offset_values(), call.tiles(), call.scale, dropout)
-    why = _flex_unavailable(call, _bias_grad(call) or _needs_grad(call.query, call.key, call.value))
+    chosen = _choose(call).backend if backend == "auto" else backend
+    impl = _IMPLEMENTATIONS[chosen]
+    why = impl.unavailable(call)
     if why:
-        raise ValueError(f"backend='flex' is unavailable: {why}")
-    from ._flex import flex_biased_attention
-
-    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
-    q, (k, v) = call.query, call.repeated_kv()
-    if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
-        q, k, v = q.detach(), k.detach(), v.detach()
-    return flex_biased_attention(
-        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_keep=keep
-    )
+        raise ValueError(
+            f"backend={chosen!r} cannot run this call ({why}); use backend='auto' "
+            "(relpos.select_backend says what it picks and why)"
+        )
+    return impl.run(call)
 
 
 def _dense_mask(
@@ -497,3 +473,37 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
+
+
+def _fused(call: _Call) -> torch.Tensor:
+    dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None
+    key, value = call.repeated_kv()  # the fused CPU kernel takes equal head counts
+    return fused_attention(call.query, key, value, call.offset_values(), call.tiles(), call.scale, dropout)
+
+
+def _flex(call: _Call) -> torch.Tensor:
+    from ._flex import flex_biased_attention
+
+    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    q, (k, v) = call.query, call.repeated_kv()
+    if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return flex_biased_attention(
+        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_keep=keep
+    )
+
+
+@dataclass(frozen=True)
+class _Implementation:
+    """A backend's one shape: why it cannot run a call (``None`` when it can), and how it runs one."""
+
+    unavailable: Callable[[_Call], str | None]
+    run: Callable[[_Call], torch.Tensor]
+
+
+_IMPLEMENTATIONS: dict[str, _Implementation] = {
+    "eager": _Implementation(lambda call: None, _eager),  # the reference runs every call
+    "sdpa": _Implementation(lambda call: None, _sdpa),  # a dense mask covers what the tiles cannot
+    "fused": _Implementation(_fused_unavailable, _fused),
+    "flex": _Implementation(_flex_unavailable, _flex),
+}

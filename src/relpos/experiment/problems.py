@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings.rotary import RotaryEmbedding
-from .data import Corpus, eval_windows, file_windows, sample_batch
+from .data import Corpus, file_windows, sample_batch
 from .model import TransformerLM
 from .tasks import TASKS, VOCAB, make_batch
 
