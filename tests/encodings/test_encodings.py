@@ -136,7 +136,7 @@ def test_alibi_bad_arguments(kwargs, words):
 
 
 def test_log_decay_cat_sat_tables_through_attention():
-    from test_reference import BIASED, BIASED_SCORES, DIFFERENCE, RAW, STANDARD  # seed 004's printed tables
+    from cat_sat import BIASED, BIASED_SCORES, DIFFERENCE, RAW, STANDARD  # seed 004's printed tables
 
     raw = torch.tensor(RAW)
     q = (raw * math.sqrt(5) / 2)[None, None]  # (1, 1, 5, 5): q k^T / sqrt(5) = RAW / 2 with k = I

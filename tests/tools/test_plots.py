@@ -8,7 +8,7 @@ import relpos
 from relpos.tools import plots
 from relpos.tools.cli import main
 
-from test_reference import BIASED, STANDARD
+from cat_sat import BIASED, STANDARD
 
 
 @pytest.mark.parametrize(
