@@ -1,4 +1,4 @@
-"""Screenshots of the three explore views for the docs, in headless Chromium at a laptop's size.
+"""Screenshots of the four explore views for the docs, in headless Chromium at a laptop's size.
 
     python tools/explore_screenshots.py docs/   # writes explore-buckets.png, explore-bias.png, explore-attention.png, explore-image.png
 
@@ -7,9 +7,9 @@ Needs Playwright (the dev extra) and a Chromium on the PATH (Debian's `chromium`
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import shutil
-import sys
 
 from playwright.sync_api import sync_playwright
 
@@ -64,4 +64,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="docs", help="folder the four PNGs are written to (default: docs)")
+    main(parser.parse_args().out)
