@@ -169,6 +169,38 @@ def test_the_cache_matches_one_full_pass(family):
     assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what="cached")
 
 
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
+def test_mpt_fits_either_name_of_the_cache_argument(name, monkeypatch):
+    """transformers 5.24 renamed MptAttention.forward's ``past_key_values`` to ``cache``: both signatures are
+    accepted, the cache reaches relpos's forward under either keyword, and decoding equals one full pass."""
+    import inspect
+
+    def forward(self, hidden_states, position_bias, past_key_values=None, attention_mask=None, **kwargs):
+        raise AssertionError("transformers' forward must not run on the accelerated model")
+
+    if name == "past_key_values":  # the <= 5.23 signature, whatever transformers is installed
+        monkeypatch.setattr(modeling_mpt.MptAttention, "forward", forward)
+    assert name in inspect.signature(modeling_mpt.MptAttention.forward).parameters
+    accelerated = rh.accelerate(HEADS["mpt"][1](CONFIGS["mpt"]()).eval())
+    calls = []
+    for module in accelerated.modules():
+        if isinstance(module, modeling_mpt.MptAttention):
+            patched = module.forward
+            module.forward = lambda *a, _f=patched, **k: (calls.append(sorted(k)), _f(*a, **{name: k.pop("cache", None), **k}))[1]
+    ids, mask, _ = batch(length=16)
+    with torch.no_grad():
+        full = accelerated(input_ids=ids, attention_mask=mask).logits
+        out = accelerated(input_ids=ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
+        steps = [out.logits]
+        for t in range(10, 16):
+            out = accelerated(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                              past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    assert calls and all("cache" in k for k in calls)  # MptBlock hands the cache over as cache=
+    real = mask.bool()
+    assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what=f"decoding with the cache as {name}=")
+
+
 HEAD_NAMES = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
 
 

@@ -102,20 +102,26 @@ def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Ca
     return undo
 
 
-def check_fits(module: nn.Module, family: str, *, parameters: list[str], attributes: tuple[str, ...],
-               children: set[str], helpers: tuple[str, ...] = ()) -> None:
-    """The installed transformers' attention module has what the instance forward relies on (else RuntimeError)."""
+def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[list[str], ...],
+               attributes: tuple[str, ...], children: set[str], helpers: tuple[str, ...] = ()) -> None:
+    """The installed transformers' attention module has what the instance forward relies on (else RuntimeError).
+
+    ``parameters``: the forward's parameter names, or a tuple of the signatures known to fit (one per
+    transformers release that renamed one).
+    """
     import transformers
 
+    known = parameters if isinstance(parameters, tuple) else (parameters,)
     got = list(inspect.signature(type(module).forward).parameters)
     missing = [a for a in attributes if not hasattr(module, a)]
     source = sys.modules[type(module).__module__]
     missing += [f"{source.__name__}.{h}" for h in helpers if not hasattr(source, h)]
     extra = {name for name, _ in module.named_children()} - children
-    if got != parameters or missing or extra:
+    if got not in [list(p) for p in known] or missing or extra:
+        needs = " or ".join(f"forward{tuple(p[1:])}" for p in known)
         raise RuntimeError(
             f"relpos.hf.accelerate ({family}) does not fit {type(module).__name__} of the installed transformers "
-            f"{transformers.__version__}: it needs forward{tuple(parameters[1:])} (got {tuple(got[1:])}), "
+            f"{transformers.__version__}: it needs {needs} (got {tuple(got[1:])}), "
             f"the attributes {missing or 'present'} and no sub-modules besides {sorted(children)} (extra: "
             f"{sorted(extra) or 'none'}). Use transformers 5.x as tested, or run the model unaccelerated."
         )

@@ -21,13 +21,19 @@ from .alibi import alibi_attention, check_fits, patch_instances, refuse_static_c
 
 __all__ = ["FAMILY"]
 
-_PARAMETERS = ["self", "hidden_states", "position_bias", "past_key_values", "attention_mask", "kwargs"]
+#: MptAttention.forward's parameters: transformers <= 5.23 names the cache past_key_values, 5.24 cache
+_PARAMETERS = (["self", "hidden_states", "position_bias", "past_key_values", "attention_mask", "kwargs"],
+               ["self", "hidden_states", "position_bias", "cache", "attention_mask", "kwargs"])
 _ATTRIBUTES = ("Wqkv", "out_proj", "n_heads", "head_dim", "softmax_scale", "attn_dropout_p", "clip_qkv", "layer_idx")
 
 
 def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, position_bias, past_key_values=None,
-             attention_mask=None, **kwargs):
-    """``MptAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``."""
+             attention_mask=None, cache=None, **kwargs):
+    """``MptAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``.
+
+    The cache comes as ``past_key_values`` (transformers <= 5.23, the third positional) or ``cache`` (5.24).
+    """
+    past_key_values = cache if past_key_values is None else past_key_values
     refuse_static_cache(past_key_values, "MPT")
     batch, query_length = hidden_states.shape[:2]
     qkv = module.Wqkv(hidden_states)  # (B, Lq, 3 * D)
