@@ -156,17 +156,22 @@ def test_generate_identical_tokens_and_step_logits_with_left_padding(family):
 def test_the_cache_matches_one_full_pass(family):
     """Decoding step by step with the KV cache (left padding) gives the logits of one pass over everything."""
     _, accelerated = pair(family)
-    ids, mask, _ = batch(length=20)
+    assert_cached_decoding_equals_one_pass(accelerated, length=20, prefix=12, what="cached")
+
+
+def assert_cached_decoding_equals_one_pass(model, length, prefix, what):
+    """A prefix pass, then one token at a time with the KV cache: the logits of one pass over everything."""
+    ids, mask, _ = batch(length=length)
     with torch.no_grad():
-        full = accelerated(input_ids=ids, attention_mask=mask).logits
-        out = accelerated(input_ids=ids[:, :12], attention_mask=mask[:, :12], use_cache=True)
+        full = model(input_ids=ids, attention_mask=mask).logits
+        out = model(input_ids=ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
         steps = [out.logits]
-        for t in range(12, 20):
-            out = accelerated(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                              past_key_values=out.past_key_values, use_cache=True)
+        for t in range(prefix, length):
+            out = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                        past_key_values=out.past_key_values, use_cache=True)
             steps.append(out.logits)
     real = mask.bool()  # left-padding rows average over the keys present, which a prefix pass has fewer of
-    assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what="cached")
+    assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what=what)
 
 
 @pytest.mark.parametrize("name", ["past_key_values", "cache"])
@@ -183,22 +188,20 @@ def test_mpt_fits_either_name_of_the_cache_argument(name, monkeypatch):
     assert name in inspect.signature(modeling_mpt.MptAttention.forward).parameters
     accelerated = rh.accelerate(HEADS["mpt"][1](CONFIGS["mpt"]()).eval())
     calls = []
+
+    def renamed(relpos_forward):
+        """What MptBlock calls: records its keywords, hands relpos's forward the cache under ``name``."""
+        def forward(*args, **kwargs):
+            calls.append(sorted(kwargs))
+            cache = kwargs.pop("cache", None)
+            return relpos_forward(*args, **{name: cache}, **kwargs)
+        return forward
+
     for module in accelerated.modules():
         if isinstance(module, modeling_mpt.MptAttention):
-            patched = module.forward
-            module.forward = lambda *a, _f=patched, **k: (calls.append(sorted(k)), _f(*a, **{name: k.pop("cache", None), **k}))[1]
-    ids, mask, _ = batch(length=16)
-    with torch.no_grad():
-        full = accelerated(input_ids=ids, attention_mask=mask).logits
-        out = accelerated(input_ids=ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
-        steps = [out.logits]
-        for t in range(10, 16):
-            out = accelerated(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                              past_key_values=out.past_key_values, use_cache=True)
-            steps.append(out.logits)
+            module.forward = renamed(module.forward)
+    assert_cached_decoding_equals_one_pass(accelerated, length=16, prefix=10, what=f"decoding with the cache as {name}=")
     assert calls and all("cache" in k for k in calls)  # MptBlock hands the cache over as cache=
-    real = mask.bool()
-    assert_close(torch.cat(steps, dim=1)[real], full[real], rel=1e-5, what=f"decoding with the cache as {name}=")
 
 
 HEAD_NAMES = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
