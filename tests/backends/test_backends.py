@@ -1,5 +1,7 @@
 """The fast backends equal the eager reference: outputs and gradients into q, k, v and the bias table."""
 
+import copy
+
 import pytest
 import torch
 
@@ -180,13 +182,16 @@ def test_flex_equals_eager_on_cpu_inference():
         )
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (flex trains only on GPU)")
 def test_flex_trains_on_gpu():
     torch.manual_seed(0)
+    made = RelativePositionalBias(4, bidirectional=False).cuda()
+    inputs = [torch.randn(2, 4, 128, 32, device="cuda") for _ in range(3)]  # the same for both backends
     grads = {}
     for backend in ("eager", "flex"):
-        bias = RelativePositionalBias(4, bidirectional=False).cuda()
-        q, k, v = (torch.randn(2, 4, 128, 32, device="cuda", requires_grad=True) for _ in range(3))
+        bias = copy.deepcopy(made)
+        q, k, v = (t.clone().requires_grad_() for t in inputs)
         attention(q, k, v, bias=bias, causal=True, backend=backend).square().sum().backward()
         grads[backend] = [q.grad, k.grad, v.grad, bias.relative_attention_bias.weight.grad]
     for a, b in zip(*grads.values()):
@@ -203,3 +208,38 @@ def test_small_problems_take_one_sdpa_call():
     keep[1, 9:] = False
     out = attention(q, k, v, bias=bias, key_mask=keep)
     assert torch.allclose(out, attention(q, k, v, bias=bias, key_mask=keep, backend="eager"), atol=1e-5)
+
+
+@pytest.mark.parametrize("causal,ranges,lq,lk,q_offset", [
+    (True, None, 300, 300, 0),
+    (False, ((0, 40, 7), (300, 211, 129)), 300, 300, 0),  # right padding, left+right, ends inside blocks
+    (True, ((0, 128, 5), (256, 300, 300)), 300, 300, 0),
+    (True, ((0, 3), (260, 200)), 44, 260, 216),  # the last rows of a longer sequence (decoding a chunk)
+])
+def test_flex_block_mask_equals_torchs(causal, ranges, lq, lk, q_offset):
+    """relpos builds flex's block mask from block bounds; torch's create_block_mask evaluates every score."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from relpos.backends._flex import _block_mask
+
+    batch = 1 if ranges is None else len(ranges[0])
+    ours = _block_mask(batch, lq, lk, causal=causal, q_offset=q_offset, key_ranges=ranges, device="cpu")
+    starts = torch.tensor(ranges[0] if ranges else [0])
+    ends = torch.tensor(ranges[1] if ranges else [lk])
+
+    def keep(b, h, q_idx, kv_idx):
+        visible = kv_idx <= q_idx + q_offset if causal else kv_idx >= 0
+        return visible & (kv_idx >= starts[b]) & (kv_idx < ends[b])
+
+    theirs = create_block_mask(keep, batch, None, lq, lk, device="cpu")
+    assert torch.equal(ours.to_dense(), theirs.to_dense())  # (B, 1, nQ, nK) blocks that see some key
+    full = lambda m: torch.zeros_like(m.to_dense()).scatter_(  # noqa: E731
+        -1, m.full_kv_indices.long(), 1) * (torch.arange(m.full_kv_indices.shape[-1]) < m.full_kv_num_blocks[..., None])
+    assert torch.equal(full(ours) > 0, full(theirs) > 0)  # and those that see every key (no per-score mask)
+    bias = ALiBi(4, mode="causal") if causal else ALiBi(4, mode="symmetric")
+    q, k, v = (torch.randn(batch, 4, n, 16) for n in (lq, lk, lk))
+    key_mask = (torch.arange(lk) >= starts[:, None]) & (torch.arange(lk) < ends[:, None])  # (B, Lk)
+    kw = dict(bias=bias, causal=causal, q_offset=q_offset, key_mask=None if ranges is None else key_mask)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(q, k, v, backend="flex", **kw), attention(q, k, v, backend="eager", **kw),
+                                   atol=2e-5, rtol=1e-5)

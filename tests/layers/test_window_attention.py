@@ -247,3 +247,18 @@ def test_bad_inputs():
         window_attention(*(torch.randn(1, 2, 2, 4, 8) for _ in range(3)), torch.randn(3, 2, 4, 4))
     with pytest.raises(ValueError, match="pretrained_window_size"):
         ContinuousPositionBias(2, 4, pretrained_window_size=(4, -1))
+
+
+def test_shifted_windows_without_a_position_bias():
+    """position_bias="none" with a shift: the shift mask alone, as a zero table would give (found by the timm test)."""
+    torch.manual_seed(0)
+    plain = WindowAttention(16, 2, 4, 2, position_bias="none").double()
+    zero_table = WindowAttention(16, 2, 4, 2, position_bias="table").double()
+    zero_table.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        zero_table.position_bias.relative_position_bias_table.zero_()
+    x = torch.randn(2, 8, 8, 16, dtype=torch.float64)
+    torch.testing.assert_close(plain(x), zero_table(x), rtol=1e-12, atol=1e-12)
+    unshifted = WindowAttention(16, 2, 4, 0, position_bias="none").double()
+    unshifted.load_state_dict(plain.state_dict())
+    assert (unshifted(x) - plain(x)).abs().max() > 1e-2  # the shift mask matters here

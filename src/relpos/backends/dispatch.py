@@ -43,6 +43,7 @@ Backend = Literal["auto", "eager", "sdpa", "fused", "flex"]
 BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex")
 BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
 _FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
+_FLEX_MIN_HEAD_DIM = 16  # torch 2.11's flex lowering on CUDA: "embedding dimension ... must be at least 16"
 
 
 def resolve_bias(
@@ -255,6 +256,9 @@ def _flex_unavailable(call: _Call) -> str | None:
         return "this torch has no torch.nn.attention.flex_attention"
     if call.query.device.type == "cpu" and (_bias_grad(call) or _needs_grad(call.query, call.key, call.value)):
         return "torch's FlexAttention has no backward on CPU"
+    dims = (call.query.shape[-1], call.value.shape[-1])
+    if call.query.device.type != "cpu" and min(dims) < _FLEX_MIN_HEAD_DIM:
+        return f"FlexAttention's GPU kernel needs head dimensions of at least {_FLEX_MIN_HEAD_DIM}, got d={dims[0]}, dv={dims[1]}"
     return None
 
 
@@ -291,10 +295,16 @@ def _choose(call: _Call) -> BackendChoice:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would fall back to its math kernel (B, H, Lq, Lk)")
         rejected.update(flex=flex_no or "fused is the CPU training path")
         return BackendChoice("fused", "learnable per-offset bias on CPU: fused forward, blockwise bias gradient", rejected)
+    if bias_grad and q.device.type != "cpu" and flex_no is None and small:
+        flex_no = f"fewer than {_FUSED_MIN_SCORES} scores: SDPA's math kernel holds little memory; flex compiles per shape"
     if bias_grad and q.device.type != "cpu" and flex_no is None:
         rejected.update(sdpa="the bias table needs a gradient: SDPA would hold a (B, H, Lq, Lk) bias gradient")
         rejected.update(fused=fused_no or "fused is the CPU path")
         return BackendChoice("flex", "learnable per-offset bias on GPU: flex trains captured tables", rejected)
+    cuda_copies = _cuda_sdpa_copies(call)
+    if cuda_copies and flex_no is None and not small:
+        rejected.update(sdpa=cuda_copies, fused=fused_no or "fused is the CPU path")
+        return BackendChoice("flex", "per-offset bias on GPU where SDPA would copy it: flex reads it per score", rejected)
     if call.bias is not None and fused_no is None and not small and _needs_grad(q, call.key, call.value):
         rejected.update(sdpa="torch runs SDPA's backward outside relpos, where denormal probabilities stay slow")
         rejected.update(flex=flex_no or "fused is the CPU training path")
@@ -307,6 +317,22 @@ def _choose(call: _Call) -> BackendChoice:
     if call.ranges is not None or call.causal:
         what += "; padding and the causal triangle skipped by tiles"
     return BackendChoice("sdpa", what, rejected)
+
+
+def _cuda_sdpa_copies(call: _Call) -> str | None:
+    """Why SDPA on CUDA would copy the bias view into a dense ``(B, H, Lq, Lk)`` tensor, or None.
+
+    Measured on an H100 (torch 2.11, docs/benchmarks.md): cuDNN reads the view in place for bf16/fp16
+    when the key range is whole; otherwise SDPA lands in its memory-efficient kernel, which copies the
+    bias to align it (fp32 queries; padded tiles, whose key ranges end anywhere).
+    """
+    if call.bias is None or call.query.device.type != "cuda":
+        return None
+    if call.query.dtype not in (torch.bfloat16, torch.float16):
+        return "in fp32 only SDPA's memory-efficient CUDA kernel takes a bias, and it copies the view to align it"
+    if call.ranges is not None:
+        return "padded tiles end at any key; SDPA's CUDA kernels then copy the view into an aligned dense bias"
+    return None
 
 
 def select_backend(
@@ -456,7 +482,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
             if not (p or call.grouped or call.small or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
                 return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
             return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
-        values = call.offset_values()  # (Hb, Lq + Lk - 1)
+        values = call.offset_values().to(_sdpa_mask_dtype(q))  # (Hb, Lq + Lk - 1)
         if not torch.is_grad_enabled():
             values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
         if call.ranges is None and (q.shape[2] <= _tiles.CAUSAL_CHUNK or torch.compiler.is_compiling()):
@@ -466,13 +492,21 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         if not call.small:
             return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
-    mask = _call_mask(call)  # (.., Lq, Lk)
+    mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
     if torch.compiler.is_compiling() or dead.any():  # compiled: no data-dependent branch
         mask = mask.masked_fill(dead, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
+
+
+def _sdpa_mask_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype of the bias or mask handed to SDPA: fp32 (or fp64) on CPU, whose kernels take it with bf16
+    and fp16 queries; the query's own dtype elsewhere. On CUDA, a bf16 query with an fp32 bias sends SDPA to
+    cuDNN, which returned NaN for every row (torch 2.11, H100; docs/benchmarks.md), while the memory-efficient
+    kernel refuses it; in the query's dtype cuDNN reads the view as it is (no copy) and is exact."""
+    return accumulate_dtype(query.dtype) if query.device.type == "cpu" else query.dtype
 
 
 def _fused(call: _Call) -> torch.Tensor:
@@ -484,12 +518,12 @@ def _fused(call: _Call) -> torch.Tensor:
 def _flex(call: _Call) -> torch.Tensor:
     from ._flex import flex_biased_attention
 
-    keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
+    ranges = None if call.ranges is None else (call.ranges.starts, call.ranges.ends)
     q, (k, v) = call.query, call.repeated_kv()
     if not torch.is_grad_enabled():  # flex refuses inputs that require grad on CPU, even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
     return flex_biased_attention(
-        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_keep=keep
+        q, k, v, call.offset_values(), scale=call.scale, causal=call.causal, q_offset=call.q_offset, key_ranges=ranges
     )
 
 

@@ -37,9 +37,10 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_device, check_positive_float
 from .._io import write_text
 from .._progress import Progress
-from ..tools.bench import _timed_rounds
+from ..tools.bench import DTYPES, _timed_rounds
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
@@ -63,6 +64,12 @@ class ModelBenchConfig:
     layers: int = 2
     new_tokens: int = 32
     memory_limit_gib: float = 14.0
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,7 @@ def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
     AttentionInterface.register(FLOOR, _floor_attention)
     builder = BUILDERS[config.family]
     torch.manual_seed(0)
-    base = builder.build(mode, config)
+    base = builder.build(mode, config).to(config.device, getattr(torch, config.dtype))
     base.train(mode == "train")
     models = {}
     for name in _variant_names(builder):
@@ -223,7 +230,7 @@ def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
     return models
 
 
-def _inputs(batch: int, length: int, left: bool = False):
+def _inputs(batch: int, length: int, left: bool = False, device: str = "cpu"):
     g = torch.Generator().manual_seed(length)
     ids = torch.randint(2, VOCAB, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
@@ -232,7 +239,7 @@ def _inputs(batch: int, length: int, left: bool = False):
         mask[1:, : length - real] = 0  # decoder-only generation pads on the left
     else:
         mask[1:, real:] = 0  # every example but the first is padded
-    return ids.masked_fill(mask == 0, 0), mask
+    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
 
 
 def _output(out):
@@ -305,8 +312,8 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
         left = builder.decoder_only and mode == "generate"
         for batch in config.batches:
             for length in config.lengths:
-                ids, mask = _inputs(batch, length, left)
-                extra = builder.extra(batch, length) if builder.extra else {}
+                ids, mask = _inputs(batch, length, left, config.device)
+                extra = {k: v.to(config.device) for k, v in (builder.extra(batch, length) if builder.extra else {}).items()}
                 variants = {}
                 for name, model in models.items():
                     if _fits(name, mode, batch, length, config):
@@ -317,7 +324,7 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
                                         "ms": None, "peak_mib": None, "note": "skipped: over the memory limit"})
                         progress.total -= config.rounds
                 label = f"{config.family} {mode} B={batch} L={length}"
-                for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label).items():
+                for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
                 gc.collect()
@@ -325,6 +332,7 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
     progress.close()
     return {
         "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name(config.device) if config.cuda else "cpu", "dtype": config.dtype,
                     "transformers": transformers.__version__, "relpos": relpos.__version__},
         "config": asdict(config),
         "variants": list(names),
@@ -375,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (median)")
+    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="the models' dtype (default float32)")
+    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
+                        help="skip a transformers variant whose (B, H, L, L) tensors would exceed this (default 14)")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args(argv)
@@ -384,13 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
+        device=str(check_device("--device", args.device)), dtype=args.dtype,
+        memory_limit_gib=check_positive_float("--memory-limit-gib", args.memory_limit_gib),
     )
+    if config.cuda and not torch.cuda.is_available():
+        parser.error(f"--device {config.device}: torch sees no CUDA device here; run with --device cpu")
     report = run_model_bench(config)
     text = markdown(report)
     machine = report["machine"]
     c = report["config"]
     header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; machine: "
-              f"{machine['platform']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}")
+              f"{machine['platform']}, {machine['device']}, {machine['dtype']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}")
     print(header, "", text, sep="\n")
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))

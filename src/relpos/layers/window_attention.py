@@ -342,7 +342,7 @@ class WindowAttention(nn.Module):
         if any(self.shift_size):
             mask = shift_mask(height, width, self.window_size, self.shift_size, mask_value=self.mask_value,
                               device=device, dtype=dtype or torch.float32)[:, None]  # (nW, 1, N, N)
-            bias = mask if bias is None else bias + mask  # (nW, H, N, N)
+            bias = mask.expand(-1, self.num_heads, -1, -1) if bias is None else bias + mask  # (nW, H, N, N)
         return bias
 
     def project(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:

@@ -12,9 +12,11 @@ Modes:
   right padding) with a key padding mask: forward, and training with a learnable table.
 * ``dropout``: training with a learnable table and attention dropout 0.1.
 
-Memory: the process's peak resident set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``)
-minus its resident set before the call; inputs are allocated before. Elsewhere it is reported as
-``None``.
+Memory: on CPU the process's peak resident set (Linux ``VmHWM``, reset through
+``/proc/self/clear_refs``) minus its resident set before the call; elsewhere it is reported as
+``None``. On a CUDA device (``--device cuda``) the allocator's peak minus what was allocated before
+the call, and every timed call is bracketed by ``torch.cuda.synchronize``. Inputs are allocated
+before.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 
 import relpos
 
+from .._checks import check_choice, check_device, check_positive_float
 from .._io import write_text
 from .._progress import Progress
 
@@ -48,6 +51,17 @@ class BenchConfig:
     rounds: int = 3
     memory_limit_gib: float = 14.0  # skip a variant whose (B, H, L, L) tensors would not fit
     flex: bool = True
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def tensor(self, *shape: int, grad: bool = False) -> torch.Tensor:
+        """Random inputs on the benchmark's device and dtype."""
+        out = torch.randn(*shape, device=self.device, dtype=getattr(torch, self.dtype))
+        return out.requires_grad_(grad)
+
+    @property
+    def cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
 
 
 @dataclass
@@ -85,8 +99,21 @@ def _reset_peak() -> bool:
         return False
 
 
-def _measure(fn: Callable[[], None], memory: bool = True) -> tuple[float, float | None]:
+def _measure_cuda(fn: Callable[[], None]) -> tuple[float, float]:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3
+    return ms, max(0.0, (torch.cuda.max_memory_allocated() - base) / 2**20)
+
+
+def _measure(fn: Callable[[], None], memory: bool = True, cuda: bool = False) -> tuple[float, float | None]:
     gc.collect()
+    if cuda:
+        return _measure_cuda(fn)
     base = _status_kib("VmRSS") if memory else None
     can_peak = base is not None and _reset_peak()
     start = time.perf_counter()
@@ -99,22 +126,22 @@ def _measure(fn: Callable[[], None], memory: bool = True) -> tuple[float, float 
 # --- variants ---------------------------------------------------------------------------------
 
 
-def _hf():
+def _hf(config: BenchConfig):
     try:
         from transformers import T5Config
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.models.t5.modeling_t5 import T5Attention, eager_attention_forward
     except ImportError as exc:  # pragma: no cover - exercised only without the dev extra
         raise SystemExit(f"relpos bench compares against transformers: pip install 'relpos[dev]' ({exc})")
-    config = T5Config(d_model=HEADS * HEAD_DIM, d_kv=HEAD_DIM, num_heads=HEADS)
-    hf = T5Attention(config, has_relative_attention_bias=True, layer_idx=0).eval()
-    return hf, eager_attention_forward, sdpa_attention_forward
+    t5 = T5Config(d_model=HEADS * HEAD_DIM, d_kv=HEAD_DIM, num_heads=HEADS)
+    hf = T5Attention(t5, has_relative_attention_bias=True, layer_idx=0).eval()
+    return hf.to(config.device, getattr(torch, config.dtype)), eager_attention_forward, sdpa_attention_forward
 
 
-def _variants(mode: str, batch: int, length: int, hf, hf_eager, hf_sdpa, ours, flex: bool) -> dict[str, Callable]:
+def _variants(mode: str, batch: int, length: int, hf, hf_eager, hf_sdpa, ours, config: BenchConfig) -> dict[str, Callable]:
     """name -> zero-argument callable running one iteration (inputs captured)."""
     grad = mode == "train"
-    q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, requires_grad=grad) for _ in range(3))
+    q, k, v = (config.tensor(batch, HEADS, length, HEAD_DIM, grad=grad) for _ in range(3))  # (B, H, L, d)
     table_params = [hf.relative_attention_bias.weight, ours.relative_attention_bias.weight]
     for p in table_params:
         p.requires_grad_(grad)
@@ -143,8 +170,9 @@ def _variants(mode: str, batch: int, length: int, hf, hf_eager, hf_sdpa, ours, f
         "hf_sdpa": step(hf_run(hf_sdpa)),
         "relpos_sdpa": step(lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="sdpa")),
     }
-    if grad:
+    if grad and not config.cuda:  # the fused backend is CPU's
         out["relpos_fused"] = step(lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="fused"))
+    if grad:
         out["relpos_auto"] = step(lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE))
 
         def frozen():
@@ -153,13 +181,13 @@ def _variants(mode: str, batch: int, length: int, hf, hf_eager, hf_sdpa, ours, f
             return relpos.attention(q, k, v, bias=offsets, scale=SCALE, backend="sdpa")
 
         out["sdpa_frozen_bias"] = step(frozen)
-    elif flex:
+    elif config.flex:
         out["relpos_flex"] = step(lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="flex"))
     return out
 
 
 def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) -> bool:
-    dense = batch * HEADS * length * length * 4 / 2**30  # one fp32 (B, H, L, L) tensor
+    dense = batch * HEADS * length * length * 4 / 2**30  # one fp32 (B, H, L, L) tensor (the bias is fp32 in any dtype)
     copies = {"hf_eager": 3, "hf_sdpa": 2, "relpos_sdpa": 0}.get(variant, 0)
     if mode == "train" and variant in ("hf_eager", "hf_sdpa", "relpos_sdpa"):
         copies = 5  # the math path keeps scores, weights and their gradients
@@ -168,7 +196,7 @@ def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) ->
     return copies * dense <= limit_gib
 
 
-def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress, label: str) -> dict[str, tuple]:
+def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress, label: str, cuda: bool) -> dict[str, tuple]:
     samples: dict[str, list] = {name: [] for name in variants}
     peaks: dict[str, list] = {name: [] for name in variants}
     for name, fn in variants.items():  # warm-up (and flex compilation), not timed
@@ -176,7 +204,7 @@ def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress
     for _ in range(rounds):  # interleaved: this kind of VM has slow phases lasting seconds
         for name, fn in variants.items():
             repeats = getattr(fn, "repeats", 1)
-            ms, peak = _measure(fn, memory=repeats == 1)
+            ms, peak = _measure(fn, memory=repeats == 1, cuda=cuda)
             samples[name].append(ms / repeats)
             peaks[name].append(peak)
             progress.step(f"{label} {name}")
@@ -185,8 +213,8 @@ def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress
 
 def run_bench(config: BenchConfig) -> dict:
     torch.manual_seed(0)
-    hf, hf_eager, hf_sdpa = _hf()
-    ours = relpos.RelativePositionalBias(HEADS)
+    hf, hf_eager, hf_sdpa = _hf(config)
+    ours = relpos.RelativePositionalBias(HEADS, device=config.device, dtype=getattr(torch, config.dtype))
     ours.relative_attention_bias.load_state_dict(hf.relative_attention_bias.state_dict())
     plan = [(m, b, n) for m in _expand(config.modes) for b in config.batches for n in config.lengths]
     counts = {"build": 2, "decode": 3, "forward": 5, "train": 7, **{m: len(v) for m, v in REAL_VARIANTS.items()}}
@@ -197,17 +225,17 @@ def run_bench(config: BenchConfig) -> dict:
         if mode in ("build", "decode"):
             if batch != 1:
                 continue
-            variants = _micro_variants(mode, length, hf, ours)
+            variants = _micro_variants(mode, length, hf, ours, config)
         elif mode in REAL_VARIANTS:
-            variants = _real_variants(mode, batch, length, hf, hf_sdpa, ours)
+            variants = _real_variants(mode, batch, length, hf, hf_sdpa, ours, config)
         else:
-            variants = _variants(mode, batch, length, hf, hf_eager, hf_sdpa, ours, config.flex)
+            variants = _variants(mode, batch, length, hf, hf_eager, hf_sdpa, ours, config)
         skipped = {n for n in variants if not _fits(n, mode, batch, length, config.memory_limit_gib)}
         for name in skipped:
             results.append(Result(mode, batch, length, name, None, None, f"skipped: over {config.memory_limit_gib} GiB"))
             del variants[name]
             progress.total -= config.rounds
-        for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label).items():
+        for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
             results.append(Result(mode, batch, length, name, ms, peak, "", samples))
         del variants
         gc.collect()
@@ -216,6 +244,7 @@ def run_bench(config: BenchConfig) -> dict:
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "device": torch.cuda.get_device_name(config.device) if config.cuda else "cpu",
             "cpus": torch.get_num_threads(),
             "torch": torch.__version__,
             "relpos": relpos.__version__,
@@ -250,16 +279,16 @@ def padded_lengths(batch: int, length: int) -> list[int]:
     return [max(1, int(length * fill[b % 4])) for b in range(batch)]
 
 
-def _real_variants(mode: str, batch: int, length: int, hf, hf_sdpa, ours) -> dict[str, Callable]:
+def _real_variants(mode: str, batch: int, length: int, hf, hf_sdpa, ours, config: BenchConfig) -> dict[str, Callable]:
     """Padding, causal and dropout: each variant computes the same attention (tests check the relpos ones)."""
     grad = mode.endswith("_train")
     causal = mode.startswith("causal")
-    q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, requires_grad=grad) for _ in range(3))
+    q, k, v = (config.tensor(batch, HEADS, length, HEAD_DIM, grad=grad) for _ in range(3))  # (B, H, L, d)
     table = ours.relative_attention_bias.weight
     table.requires_grad_(grad)
     keep = None
     if mode.startswith("padded"):
-        j = torch.arange(length)
+        j = torch.arange(length, device=config.device)
         keep = torch.stack([j < n for n in padded_lengths(batch, length)])  # (B, L) right padding
     sdpa_mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L) bool
 
@@ -286,9 +315,10 @@ def _real_variants(mode: str, batch: int, length: int, hf, hf_sdpa, ours) -> dic
     def hf_run():
         position_bias = hf.compute_bias(length, length)  # (1, H, L, L)
         if causal:
-            position_bias = position_bias.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+            future = torch.ones(length, length, dtype=torch.bool, device=config.device).triu(1)  # (L, L)
+            position_bias = position_bias.masked_fill(future, float("-inf"))
         if keep is not None:
-            position_bias = position_bias.masked_fill(~sdpa_mask, torch.finfo(torch.float32).min)  # (B, H, L, L)
+            position_bias = position_bias.masked_fill(~sdpa_mask, torch.finfo(position_bias.dtype).min)  # (B, H, L, L)
         return hf_sdpa(hf, q, k, v, None, scaling=SCALE, position_bias=position_bias)[0]
 
     kw = {"causal": causal, "key_mask": keep}
@@ -308,7 +338,7 @@ def _real_variants(mode: str, batch: int, length: int, hf, hf_sdpa, ours) -> dic
     return {name: step(all_variants[name]) for name in REAL_VARIANTS[mode]}
 
 
-def _micro_variants(mode: str, length: int, hf, ours) -> dict[str, Callable]:
+def _micro_variants(mode: str, length: int, hf, ours, config: BenchConfig) -> dict[str, Callable]:
     def no_grad(fn):
         """Sub-millisecond calls: time enough of them (about 20 ms) per sample, report one call."""
         with torch.no_grad():
@@ -330,8 +360,8 @@ def _micro_variants(mode: str, length: int, hf, ours) -> dict[str, Callable]:
             "hf_compute_bias": no_grad(lambda: hf.compute_bias(length, length)),
             "relpos_offsets": no_grad(lambda: ours.offsets(length, length)),
         }
-    q = torch.randn(1, HEADS, 1, HEAD_DIM)
-    k, v = (torch.randn(1, HEADS, length, HEAD_DIM) for _ in range(2))
+    q = config.tensor(1, HEADS, 1, HEAD_DIM)  # (1, H, 1, d)
+    k, v = (config.tensor(1, HEADS, length, HEAD_DIM) for _ in range(2))  # (1, H, L, d)
     return {  # one decoding step with `length` keys in the cache
         "recompute_full_bias": no_grad(lambda: hf.compute_bias(length, length)[:, :, -1:]),
         "relpos_bias_row": no_grad(lambda: ours.offsets(1, length, q_offset=length - 1)),
@@ -435,10 +465,15 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (the median is reported)")
     parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex backend (compiles per shape)")
+    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of q, k, v and both models (default float32)")
+    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
+                        help="skip a variant whose (B, H, L, L) tensors would exceed this (default 14)")
     parser.add_argument("--json", help="write the full report (every sample) here")
     parser.add_argument("--markdown", help="write the tables here")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
 MAX_BENCH_LENGTH, MAX_BENCH_BATCH, MAX_BENCH_ROUNDS = 32768, 64, 100  # transformers' eager T5 at L=32768 is 4 GiB per head
 
 
@@ -461,7 +496,12 @@ def run_from_args(args) -> int:
         modes=tuple(args.modes.split(",")),
         rounds=args.rounds,
         flex=not args.no_flex,
+        device=str(check_device("--device", args.device)),
+        dtype=check_choice("--dtype", args.dtype, DTYPES),
+        memory_limit_gib=check_positive_float("--memory-limit-gib", args.memory_limit_gib),
     )
+    if config.cuda and not torch.cuda.is_available():
+        raise ValueError(f"--device {config.device}: torch sees no CUDA device here; run with --device cpu")
     unknown = set(config.modes) - set(MODES)
     if unknown:
         raise ValueError(f"--modes must be among {', '.join(MODES)}; got {sorted(unknown)}")
@@ -474,7 +514,7 @@ def run_from_args(args) -> int:
         summary += ["", f"Measured at L={length}, not 4096: at short lengths fixed per-call costs dominate, so these "
                         "ratios do not say whether the L=4096 goals are met (run with --lengths 4096 for that)."]
     machine = report["machine"]
-    header = f"machine: {machine['processor']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}"
+    header = f"machine: {machine['processor']}, {machine['device']}, {machine['cpus']} threads, {config.dtype}, torch {machine['torch']}, transformers {machine['transformers']}"
     print(header, "", text, "\n".join(summary), sep="\n")
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))

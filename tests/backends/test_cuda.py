@@ -1,0 +1,212 @@
+"""relpos attention on a CUDA GPU, against the fp64 oracle on CPU: every backend, dtype and real input.
+
+CI has no GPU: every test here carries the ``gpu`` marker and skips without CUDA (tests/conftest.py
+lets exactly those skip under CI=true). docs/testing.md says how to run them and which GPU ran them
+last. The sizes reach past 2**21 scores, where relpos cuts padded and causal calls into tiles.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import relpos
+from oracles import attend, bias_oracle
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CUDA = "cuda"
+HEADS, DIM = 4, 64
+
+
+def strong_t5(num_heads=HEADS, bidirectional=True):
+    """A T5 bias whose table is drawn with std 1 (T5's init is tiny: the bias would not matter)."""
+    torch.manual_seed(3)
+    bias = relpos.RelativePositionalBias(num_heads, num_buckets=16, max_distance=64, bidirectional=bidirectional)
+    with torch.no_grad():
+        bias.relative_attention_bias.weight.normal_(0.0, 1.0)
+    return bias
+
+
+BIASES = {
+    "t5": strong_t5,
+    "alibi": lambda: relpos.ALiBi(HEADS, mode="symmetric"),
+    "log_decay": lambda: relpos.LogDecayBias(0.5, num_heads=HEADS),
+}
+SHAPES = {  # (B, Lq, Lk, causal, q_offset, padded): one SDPA call below 2**21 scores, tiles above
+    "small": (2, 40, 40, False, 0, False),
+    "small_causal_padded": (2, 40, 40, True, 0, True),
+    "tiles_padded": (2, 768, 768, False, 0, True),
+    "tiles_causal": (2, 768, 768, True, 0, False),
+    "tiles_causal_padded": (2, 768, 768, True, 0, True),
+    "decode_row": (2, 1, 768, True, 767, True),
+    "ragged_causal_padded": (3, 300, 300, True, 0, True),  # blocks of 128 end inside the sequence
+}
+
+
+def padding(batch, length):
+    """(B, Lk) real keys: example 0 full, example 1 right-padded to 60%, a third left-padded by 10%."""
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[1, int(length * 0.6):] = False
+    if batch > 2:
+        keep[2, : length // 10] = False
+    return keep
+
+
+def inputs(batch, lq, lk, *, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, HEADS, n, DIM, generator=g).to(dtype) for n in (lq, lk, lk)]  # (B, H, L, d), CPU
+
+
+def reference(bias, q, k, v, *, causal, q_offset, keep):
+    """fp64 attention on CPU with the bias rebuilt from its formula (never from the path under test)."""
+    lq, lk = q.shape[2], k.shape[2]
+    return attend(q, k, v, bias_oracle(bias, lq, lk, q_offset), causal=causal, keep=keep, q_offset=q_offset,
+                  scale=DIM**-0.5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "flex", "eager"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("name", sorted(BIASES))
+def test_fp32_on_cuda_equals_the_fp64_oracle(name, shape, backend):
+    batch, lq, lk, causal, q_offset, padded = SHAPES[shape]
+    bias = BIASES[name]()
+    q, k, v = inputs(batch, lq, lk)
+    keep = padding(batch, lk) if padded else None
+    expected = reference(bias, q, k, v, causal=causal, q_offset=q_offset, keep=keep)
+    with torch.no_grad():
+        out = relpos.attention(*(t.to(CUDA) for t in (q, k, v)), bias=copy.deepcopy(bias).to(CUDA), causal=causal,
+                               q_offset=q_offset, key_mask=None if keep is None else keep.to(CUDA), backend=backend)
+    assert out.device.type == "cuda" and out.dtype == torch.float32
+    error = (out.cpu().double() - expected).abs().max().item()
+    assert error < 2e-4, error
+    plain = attend(q, k, v, causal=causal, keep=keep, q_offset=q_offset, scale=DIM**-0.5)
+    assert (plain - expected).abs().max() > 0.05  # the position term moves the output far beyond the tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", ["small_causal_padded", "tiles_causal_padded", "tiles_padded", "decode_row"])
+def test_low_precision_within_twice_sdpa_own_error(shape, dtype):
+    """relpos in bf16/fp16 errs at most 2x as much as SDPA in the same dtype given the exact dense bias."""
+    batch, lq, lk, causal, q_offset, padded = SHAPES[shape]
+    bias = strong_t5()
+    q, k, v = inputs(batch, lq, lk)
+    keep = padding(batch, lk) if padded else None
+    expected = reference(bias, q, k, v, causal=causal, q_offset=q_offset, keep=keep)
+    low = [t.to(CUDA, dtype) for t in (q, k, v)]
+    dense = bias_oracle(bias, lq, lk, q_offset).expand(batch, -1, -1, -1).clone()  # (B, H, Lq, Lk) fp64
+    allowed = torch.ones(batch, 1, lq, lk, dtype=torch.bool)
+    if causal:
+        allowed &= (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + q_offset)
+    if keep is not None:
+        allowed &= keep[:, None, None, :]
+    dense = dense.masked_fill(~allowed, float("-inf")).to(CUDA, dtype)
+    with torch.no_grad():
+        theirs = torch.nn.functional.scaled_dot_product_attention(*low, attn_mask=dense)
+        ours = relpos.attention(*low, bias=bias.to(CUDA), causal=causal, q_offset=q_offset,
+                                key_mask=None if keep is None else keep.to(CUDA))
+    assert ours.dtype == dtype
+    real = torch.isfinite(theirs.cpu()).all(-1) if keep is not None else slice(None)  # rows SDPA fills with NaN
+    their_error = (theirs.cpu().double() - expected)[real].abs().max().item()
+    our_error = (ours.cpu().double() - expected)[real].abs().max().item()
+    assert our_error <= 2 * their_error + 1e-3, (our_error, their_error)
+
+
+@pytest.mark.parametrize("backend", ["auto", "flex", "sdpa"])
+@pytest.mark.parametrize("shape", ["small_causal_padded", "tiles_causal_padded", "tiles_padded"])
+def test_gradients_into_qkv_and_the_table_on_cuda(shape, backend):
+    """Training a learnable T5 table on CUDA (auto takes flex): every gradient equals the fp64 oracle's."""
+    batch, lq, lk, causal, q_offset, padded = SHAPES[shape]
+    bias = strong_t5()
+    q, k, v = inputs(batch, lq, lk)
+    keep = padding(batch, lk) if padded else None
+    weights = torch.randn(batch, HEADS, lq, DIM, generator=torch.Generator().manual_seed(5))  # (B, H, Lq, d)
+
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    table = bias.relative_attention_bias.weight
+    out = attend(*exact, bias_oracle(bias, lq, lk, q_offset, grad=True), causal=causal, keep=keep,
+                 q_offset=q_offset, scale=DIM**-0.5)
+    (out * weights.double()).sum().backward()
+    expected = [t.grad for t in exact] + [table.grad.double()]
+
+    ours = copy.deepcopy(bias).to(CUDA)
+    ours.zero_grad()
+    cuda = [t.to(CUDA).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*cuda, bias=ours, causal=causal, q_offset=q_offset,
+                           key_mask=None if keep is None else keep.to(CUDA), backend=backend)
+    (out * weights.to(CUDA)).sum().backward()
+    got = [t.grad for t in cuda] + [ours.relative_attention_bias.weight.grad]
+    for name, a, b in zip(("q", "k", "v", "table"), got, expected):
+        assert a is not None, name
+        scale = b.abs().max().item()
+        assert (a.cpu().double() - b).abs().max().item() <= 1e-4 * max(scale, 1.0), name
+    assert expected[3].abs().max() > 1e-2  # the table's gradient is not trivially zero
+
+
+def _peak_mib(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mode", ["forward", "forward_padded", "forward_causal", "train_padded", "train_causal"])
+def test_no_dense_scores_on_cuda(mode, dtype):
+    """B=1, H=8, L=8192: one (B, H, L, L) tensor is 1024 MiB in bf16; relpos's peak stays under 1/8 of that.
+
+    ``forward``: a frozen bias (bf16 takes SDPA with the view in bf16, fp32 takes flex); ``train``: a learnable
+    table (flex)."""
+    batch, heads, length = 1, 8, 8192
+    dense_mib = batch * heads * length * length * 2 / 2**20
+    bias = relpos.RelativePositionalBias(heads, bidirectional=not mode.endswith("causal")).to(CUDA)
+    train = mode.startswith("train")
+    bias.requires_grad_(train)
+    q, k, v = (torch.randn(batch, heads, length, DIM, device=CUDA, dtype=dtype, requires_grad=train)
+               for _ in range(3))
+    keep = padding(batch + 1, length)[1:].to(CUDA) if mode.endswith("padded") else None  # right-padded to 60%
+
+    def run():
+        out = relpos.attention(q, k, v, bias=bias, causal=mode.endswith("causal"), key_mask=keep)
+        if train:
+            out.float().square().sum().backward()
+
+    run()  # compile (flex) and warm up
+    peak = _peak_mib(run)
+    assert peak < dense_mib / 8, f"{mode}: peak {peak:.0f} MiB against {dense_mib:.0f} MiB for one dense bias"
+
+
+def test_dropout_on_cuda_averages_to_the_undropped_output():
+    """Attention dropout on CUDA: each call differs, the mean of many calls approaches the plain output."""
+    bias = strong_t5().to(CUDA)
+    q, k, v = (t.to(CUDA) for t in inputs(1, 64, 64))
+    keep = padding(2, 64)[1:].to(CUDA)
+    with torch.no_grad():
+        plain = relpos.attention(q, k, v, bias=bias, key_mask=keep)
+        draws = torch.stack([relpos.attention(q, k, v, bias=bias, key_mask=keep, dropout_p=0.2) for _ in range(400)])
+    assert (draws[0] - draws[1]).abs().max() > 0.1
+    assert (draws[0] - plain).abs().max() > 0.1
+    assert (draws.mean(0) - plain).abs().max() < 0.15  # a 400-draw mean: its noise is about 0.05 here
+    assert (draws.mean(0) - plain).abs().mean() < 0.03
+
+
+@pytest.mark.parametrize("dtype,grad,dim,expected", [
+    (torch.bfloat16, False, 64, "sdpa"),  # cuDNN reads the view in bf16: no copy
+    (torch.float32, False, 64, "flex"),  # fp32: SDPA's efficient kernel would copy the bias
+    (torch.bfloat16, True, 64, "flex"),  # a learnable table
+    (torch.bfloat16, True, 8, "sdpa"),  # flex needs d >= 16 on GPU
+])
+def test_auto_on_cuda_says_what_it_picks(dtype, grad, dim, expected):
+    bias = strong_t5().to(CUDA).requires_grad_(grad)
+    q, k, v = (torch.randn(2, HEADS, 1024, dim, device=CUDA, dtype=dtype) for _ in range(3))
+    choice = relpos.select_backend(q, k, v, bias=bias)
+    assert choice.backend == expected, str(choice)
+    if dim < 16:
+        assert "at least 16" in choice.rejected["flex"]
+    small = relpos.select_backend(*(t[:, :, :64] for t in (q, k, v)), bias=bias)
+    assert small.backend == "sdpa"  # below 2**21 scores: one SDPA call, no per-shape compile

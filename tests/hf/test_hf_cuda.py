@@ -1,0 +1,137 @@
+"""relpos.hf.accelerate on a CUDA GPU: T5, the ALiBi families and Swin against transformers' own models there.
+
+The same weights on the same GPU; transformers' model runs its default attention (sdpa where it
+has one). Every test carries the ``gpu`` marker and skips without CUDA (CI has none; docs/testing.md
+says which GPU ran them last).
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import hf_checks  # noqa: E402
+import relpos.hf as rh  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CUDA = "cuda"
+VOCAB = 96
+T5_SMALL = dict(
+    vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+    pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
+)
+ALIBI = {
+    "bloom": lambda: transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0, attention_dropout=0.0,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)),
+    "mpt": lambda: transformers.MptForCausalLM(transformers.MptConfig(
+        vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=128, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2)),
+    "falcon": lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, hidden_dropout=0.0,
+        attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)),
+}
+
+
+def on_cuda(inputs: dict) -> dict:
+    return {k: v.to(CUDA) for k, v in inputs.items()}
+
+
+def t5_pair():
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5_SMALL))
+    reference, accelerated = hf_checks.make_pair(model.to(CUDA))
+    return reference, accelerated
+
+
+def test_t5_logits_loss_and_every_gradient_on_cuda():
+    reference, accelerated = t5_pair()
+    inputs = on_cuda(hf_checks.padded_seq2seq(VOCAB))
+    hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
+    hf_checks.bias_matters(accelerated, inputs)
+
+
+def test_t5_greedy_generation_step_logits_on_cuda():
+    reference, accelerated = t5_pair()
+    inputs = on_cuda(hf_checks.padded_seq2seq(VOCAB))
+    del inputs["labels"]
+    hf_checks.generate_equal(reference, accelerated, inputs, samplers=False)
+
+
+def test_t5_bf16_on_cuda_within_twice_transformers_error():
+    reference, accelerated = t5_pair()
+    hf_checks.bf16_within_twice_transformers_error(reference, accelerated, on_cuda(hf_checks.padded_seq2seq(VOCAB)))
+
+
+def alibi_batch(b=3, length=40):
+    """Example 0 left-padded by 9, example 1 right-padded after 31; labels -100 on padding."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (b, length), generator=g)
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[0, :9] = 0
+    mask[1, 31:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return on_cuda({"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)})
+
+
+@pytest.mark.parametrize("family", sorted(ALIBI))
+def test_alibi_families_logits_loss_and_gradients_on_cuda(family):
+    torch.manual_seed(0)
+    reference = ALIBI[family]().to(CUDA).eval()
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    inputs = alibi_batch()
+    results = []
+    for model in (reference, accelerated):
+        model.train()  # dropout 0: deterministic
+        out = model(**inputs)
+        out.loss.backward()
+        results.append((out.logits.detach(), out.loss.detach(), hf_checks.grads(model)))
+    (l1, loss1, g1), (l2, loss2, g2) = results
+    real = inputs["attention_mask"].bool()  # a fully padded query row differs by convention (zeros vs an average)
+    assert hf_checks.close(l1[real], l2[real], 1e-4), (l2 - l1)[real].abs().max()
+    assert torch.allclose(loss1, loss2, rtol=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) == len(list(reference.parameters()))
+    for name in g1:
+        assert hf_checks.close(g1[name], g2[name], 1e-4), name
+
+
+@pytest.mark.parametrize("family", sorted(ALIBI))
+def test_alibi_families_left_padded_generation_on_cuda(family):
+    torch.manual_seed(0)
+    reference = ALIBI[family]().to(CUDA).eval()
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    inputs = alibi_batch()
+    inputs["attention_mask"][1] = 1  # generation pads on the left only
+    del inputs["labels"]
+    hf_checks.generate_equal(reference, accelerated, inputs, samplers=False)
+
+
+@pytest.mark.parametrize("family", ["swin", "swinv2"])
+def test_swin_outputs_and_gradients_on_cuda(family):
+    """fp64 on the GPU (fp32 gradients of a random Swin are ill-conditioned for transformers itself)."""
+    model_cls, config_cls = {"swin": (transformers.SwinModel, transformers.SwinConfig),
+                             "swinv2": (transformers.Swinv2Model, transformers.Swinv2Config)}[family]
+    torch.manual_seed(0)
+    config = config_cls(image_size=36, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    model = model_cls(config).double().to(CUDA).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "relative_position_bias_table" in name or "continuous_position_bias_mlp" in name:
+                p.normal_()
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64, device=CUDA)
+    results = []
+    for m in (model, fast):
+        out = m(pixels).last_hidden_state
+        results.append((out.detach(), torch.autograd.grad(out.square().sum(), list(m.parameters()))))
+    (ref, ref_grads), (out, grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
