@@ -21,6 +21,8 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = 
 
     bool is rejected (``True`` is an int in Python, but never a meaningful length).
     """
+    if type(value) is int and (minimum is None or value >= minimum):  # the common case, without the ABC check
+        return value  # (a decoding step validates a dozen ints; numbers.Integral costs microseconds each)
     if isinstance(value, torch.SymInt):  # a symbolic size under torch.compile: keep it symbolic
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -28,7 +28,12 @@ def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
                  "--json", str(out_json), "--markdown", str(out_md)]) == 0
     assert json.loads(out_json.read_text())["results"]
     markdown = out_md.read_text()
-    assert "### build" in markdown and "machine:" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "### build" in markdown and "machine:" in captured.out
+    # redirected (no terminal, no bar): one plain line per finished point, with its times
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert any(" build B=1 L=32: hf_compute_bias " in line and line.endswith(" ms") for line in lines), lines
+    assert any(" decode B=1 L=32: recompute_full_bias " in line for line in lines), lines
     # a short run's targets table says at which length it measured, and that the goals are for 4096
     assert "| target, measured at L=32 | measured | goal (set for L=4096) |" in markdown
     assert "Measured at L=32, not 4096" in markdown

@@ -208,7 +208,9 @@ def _timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress
             samples[name].append(ms / repeats)
             peaks[name].append(peak)
             progress.step(f"{label} {name}")
-    return {name: (statistics.median(samples[name]), peaks[name][-1], samples[name]) for name in variants}
+    out = {name: (statistics.median(samples[name]), peaks[name][-1], samples[name]) for name in variants}
+    progress.log(f"{time.strftime('%H:%M:%S')} {label}: " + ", ".join(f"{n} {ms:.3g} ms" for n, (ms, _, _) in out.items()))
+    return out
 
 
 def run_bench(config: BenchConfig) -> dict:
