@@ -45,6 +45,18 @@ def padded_seq2seq(vocab_size: int, b: int = 3, length: int = 40, target: int = 
     return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}
 
 
+def padded_decoder_batch(vocab_size: int, b: int = 3, length: int = 40):
+    """ids, mask, labels for a decoder-only model: example 0 left-padded by 9, example 1 right-padded after
+    31, example 2 unpadded; labels -100 on padding."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab_size, (b, length), generator=g)
+    mask = torch.ones(b, length, dtype=torch.long)
+    mask[0, :9] = 0
+    mask[1, 31:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask, ids.masked_fill(mask == 0, -100)
+
+
 def grads(model):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 

@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import hf_checks  # noqa: E402
 import relpos.hf as rh  # noqa: E402
 import relpos.hf.alibi as hf_alibi  # noqa: E402
 from relpos import OffsetBias  # noqa: E402
@@ -51,14 +52,7 @@ def pair(family, model_class=None, **overrides):
 
 def batch(b=3, length=40):
     """Example 0 left-padded by 9, example 1 right-padded after 31, example 2 unpadded; labels -100 on padding."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (b, length), generator=g)
-    mask = torch.ones(b, length, dtype=torch.long)
-    mask[0, :9] = 0
-    mask[1, 31:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    labels = ids.masked_fill(mask == 0, -100)
-    return ids, mask, labels
+    return hf_checks.padded_decoder_batch(VOCAB, b, length)
 
 
 def assert_close(ours, theirs, rel=1e-4, what=""):

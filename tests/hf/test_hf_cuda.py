@@ -70,22 +70,22 @@ def test_t5_bf16_on_cuda_within_twice_transformers_error():
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, on_cuda(hf_checks.padded_seq2seq(VOCAB)))
 
 
-def alibi_batch(b=3, length=40):
+def alibi_batch():
     """Example 0 left-padded by 9, example 1 right-padded after 31; labels -100 on padding."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (b, length), generator=g)
-    mask = torch.ones(b, length, dtype=torch.long)
-    mask[0, :9] = 0
-    mask[1, 31:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    return on_cuda({"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)})
+    ids, mask, labels = hf_checks.padded_decoder_batch(VOCAB)
+    return on_cuda({"input_ids": ids, "attention_mask": mask, "labels": labels})
+
+
+def alibi_pair(family):
+    """(transformers' model on the GPU, an accelerated deep copy)."""
+    torch.manual_seed(0)
+    reference = ALIBI[family]().to(CUDA).eval()
+    return reference, rh.accelerate(copy.deepcopy(reference))
 
 
 @pytest.mark.parametrize("family", sorted(ALIBI))
 def test_alibi_families_logits_loss_and_gradients_on_cuda(family):
-    torch.manual_seed(0)
-    reference = ALIBI[family]().to(CUDA).eval()
-    accelerated = rh.accelerate(copy.deepcopy(reference))
+    reference, accelerated = alibi_pair(family)
     inputs = alibi_batch()
     results = []
     for model in (reference, accelerated):
@@ -104,9 +104,7 @@ def test_alibi_families_logits_loss_and_gradients_on_cuda(family):
 
 @pytest.mark.parametrize("family", sorted(ALIBI))
 def test_alibi_families_left_padded_generation_on_cuda(family):
-    torch.manual_seed(0)
-    reference = ALIBI[family]().to(CUDA).eval()
-    accelerated = rh.accelerate(copy.deepcopy(reference))
+    reference, accelerated = alibi_pair(family)
     inputs = alibi_batch()
     inputs["attention_mask"][1] = 1  # generation pads on the left only
     del inputs["labels"]
