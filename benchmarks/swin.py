@@ -22,7 +22,7 @@ import torch
 
 from relpos._io import write_text
 from relpos._progress import Progress
-from relpos.tools.bench import _timed_rounds
+from relpos.tools.bench import _timed_rounds, fix_mmap_threshold
 from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")
@@ -199,17 +199,8 @@ def _into_page(path: str, table: str) -> str:
     return block + "\n"
 
 
-def _fixed_mmap_threshold() -> None:
-    """Re-run under a fixed glibc mmap threshold: freed tensors return to the OS, so the peak resident
-    memory of each call is its own (with glibc's adaptive threshold, freed blocks stay in the heap and
-    a later call reuses them without raising the peak: every variant after the first reads ~0)."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _fixed_mmap_threshold()
+    fix_mmap_threshold()  # each call's peak resident memory is its own (docs/bench-swin.md)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=("swinv2", "swin"), default="swinv2")
     parser.add_argument("--windows", type=int, nargs="+", default=[8, 16])

@@ -16,7 +16,8 @@ Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad
 (greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
-peak resident memory added by the call (:mod:`relpos.tools.bench`). A family that ``accelerate``
+peak resident memory added by the call, with glibc's mmap threshold fixed so each call's peak is its own
+(:func:`relpos.tools.bench.fix_mmap_threshold`). A family that ``accelerate``
 refuses (an adapter not in this installation) is skipped with its message.
 
     python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/bench-bloom.json --markdown docs/bench-bloom.md
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 from .._checks import check_device, check_positive_float
 from .._io import write_text
 from .._progress import Progress
-from ..tools.bench import DTYPES, _timed_rounds
+from ..tools.bench import DTYPES, _timed_rounds, fix_mmap_threshold
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
@@ -297,6 +298,7 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
 
     import relpos
 
+    fixed = fix_mmap_threshold() if not config.cuda else None
     builder = BUILDERS[config.family]
     names = _variant_names(builder)
     modes = [m for m in config.modes if m != "generate" or builder.generate]
@@ -333,6 +335,7 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
     return {
         "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(config.device) if config.cuda else "cpu", "dtype": config.dtype,
+                    "mmap_threshold_fixed": fixed,
                     "transformers": transformers.__version__, "relpos": relpos.__version__},
         "config": asdict(config),
         "variants": list(names),
