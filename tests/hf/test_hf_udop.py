@@ -74,12 +74,15 @@ def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):
 @pytest.mark.parametrize("tile", [None, 7])
 def test_the_layout_bias_is_built_per_query_tile_never_dense(monkeypatch, tile):
     """The encoder's attention gets a LayoutBias and runs it tile by tile (tiles of 7 queries: 6 tiles of 40);
-    transformers' dense build is never called; outputs and every gradient equal transformers'."""
+    transformers' dense build is never called; outputs and every gradient equal transformers' (the layout
+    tables frozen, as in fine-tuning that keeps them: a learning table takes the dense build, next test)."""
     import relpos.hf.udop as udop
 
     if tile is not None:
         monkeypatch.setattr(udop, "_TILE_ELEMENTS", 3 * SMALL["num_heads"] * 40 * tile)
     reference, accelerated = pair()
+    for model in (reference, accelerated):
+        model.encoder.relative_bias.requires_grad_(False)  # x, y and the 1D table (tied to layer 0's)
     inputs = padded()
     tiles = []
     real_tile = udop.LayoutBias.tile
@@ -95,9 +98,27 @@ def test_the_layout_bias_is_built_per_query_tile_never_dense(monkeypatch, tile):
     hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
     assert tiles and max(tiles) == (40 if tile is None else tile) and len(tiles) % 2 == 0  # 2 encoder layers
     grads = dict(accelerated.named_parameters())
+    assert grads["encoder.block.0.layer.0.SelfAttention.q.weight"].grad.abs().sum() > 0
+
+
+def test_training_the_layout_tables_takes_transformers_dense_build(monkeypatch):
+    """With a layout table learning, the per-tile path would keep more for the backward than the dense build
+    (the training grid: 1.37x transformers' memory); the dense build runs there, every gradient equal."""
+    import relpos.hf.udop as udop
+
+    reference, accelerated = pair()
+    tiles = []
+    real_tile = udop.LayoutBias.tile
+    monkeypatch.setattr(udop.LayoutBias, "tile", lambda self, a, b: tiles.append(b - a) or real_tile(self, a, b))
+    hf_checks.forward_loss_and_gradients(reference, accelerated, padded())
+    assert not tiles
+    grads = dict(accelerated.named_parameters())
     tables = ["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]  # the 1D table, tied to layer 0's
     tables += [f"encoder.relative_bias.biases.{i}.relative_attention_bias.weight" for i in (1, 2)]  # x and y
     assert all(grads[name].grad.abs().sum() > 0 for name in tables)
+    with torch.no_grad():  # inference (no gradient): the per-tile path again
+        accelerated(**{k: v for k, v in padded().items()})
+    assert tiles
 
 
 def test_a_layout_bias_that_is_not_per_tile_keeps_transformers_dense_build():

@@ -15,7 +15,8 @@
   Never ``(B, H, L, L)``.
 
 A bias with ``prefix_bucket`` or ``augmentation`` (random rescaling in training), or a component of
-another class, keeps transformers' dense build (correct, not faster).
+another class, keeps transformers' dense build (correct, not faster); so does training the layout
+tables (:func:`_tables_learn`). The decoder's bias is per offset in training too.
 """
 
 from __future__ import annotations
@@ -129,9 +130,18 @@ def _per_tile(module: nn.Module) -> bool:
     return all(type(b).__name__ in _COMPONENTS and not b.prefix_bucket and not b.augmentation for b in module.biases)
 
 
+def _tables_learn(module: nn.Module) -> bool:
+    """A layout table needs a gradient. Per tile, autograd would then keep every tile's ``(B, H, T, L)`` bias,
+    its distance indices and SDPA's math-kernel scores: more than transformers' dense build (training grid,
+    B = 4, L = 2048: 1.37x its memory at 0.69x its speed; docs/transformers.md), so training takes the dense build."""
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
 def _aggregated_forward(self, attention_mask=None, bbox=None):
-    """``RelativePositionBiasAggregated.forward`` for one instance: a :class:`LayoutBias` under ``"relpos"``."""
-    if self._relpos_config._attn_implementation != NAME or not _per_tile(self) or (bbox is None and len(self.biases) > 1):
+    """``RelativePositionBiasAggregated.forward`` for one instance: a :class:`LayoutBias` under ``"relpos"``
+    (transformers' dense build while a layout table learns)."""
+    if (self._relpos_config._attn_implementation != NAME or not _per_tile(self) or _tables_learn(self)
+            or (bbox is None and len(self.biases) > 1)):
         return type(self).forward(self, attention_mask, bbox)
     length = attention_mask.shape[1]
     return LayoutBias(tuple(_component(b, length, bbox) for b in self.biases), length)
@@ -188,7 +198,8 @@ FAMILY = register(
         check=_BASE.check,
         apply=_apply,
         unsupported=(
-            "a layout bias with prefix_bucket or augmentation keeps transformers' dense (B, H, L, L) build; "
+            "a layout bias with prefix_bucket or augmentation, or layout tables that learn (training), keep "
+            "transformers' dense (B, H, L, L) encoder bias; "
             "output_attentions builds the dense bias for that call"
         ),
     )
