@@ -290,8 +290,19 @@ def test_ctrl_c_is_one_line_and_resumable(tmp_path, monkeypatch, capsys):
 
 
 def _checkpoints(out) -> list:
-    """(name, mtime) of every checkpoint a run has written so far: changes at each checkpoint write."""
-    return sorted((p.name, p.stat().st_mtime_ns) for p in (out / "checkpoints").glob("*.pt"))
+    """(name, mtime) of every checkpoint a run has written so far: changes at each checkpoint write.
+
+    The writer's temporary files (``.name.pt.XXXX.pt``, renamed into place) are skipped, and a file
+    renamed between the listing and its ``stat`` is read at the next poll."""
+    found = []
+    for p in (out / "checkpoints").glob("*.pt"):
+        if p.name.startswith("."):
+            continue
+        try:
+            found.append((p.name, p.stat().st_mtime_ns))
+        except FileNotFoundError:
+            continue
+    return sorted(found)
 
 
 def test_killed_runs_resume_to_the_uninterrupted_numbers(tmp_path):
