@@ -38,10 +38,9 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_device, check_positive_float
 from .._io import write_text
 from .._progress import Progress
-from ..tools.bench import DTYPES, _timed_rounds, fix_mmap_threshold
+from ..tools.bench import _timed_rounds, add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
@@ -70,7 +69,7 @@ class ModelBenchConfig:
 
     @property
     def cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return is_cuda(self.device)
 
 
 @dataclass(frozen=True)
@@ -386,24 +385,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (median)")
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="the models' dtype (default float32)")
-    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
-                        help="skip a transformers variant whose (B, H, L, L) tensors would exceed this (default 14)")
+    add_device_arguments(parser)
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args(argv)
     modes = tuple(args.modes.split(","))
     if set(modes) - set(MODES):
         parser.error(f"--modes must be among {', '.join(MODES)}; got {args.modes}")
+    try:
+        device = device_arguments(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
-        device=str(check_device("--device", args.device)), dtype=args.dtype,
-        memory_limit_gib=check_positive_float("--memory-limit-gib", args.memory_limit_gib),
+        **device,
     )
-    if config.cuda and not torch.cuda.is_available():
-        parser.error(f"--device {config.device}: torch sees no CUDA device here; run with --device cpu")
     report = run_model_bench(config)
     text = markdown(report)
     machine = report["machine"]

@@ -38,7 +38,7 @@ from .._checks import check_choice, check_device, check_positive_float
 from .._io import write_text
 from .._progress import Progress
 
-__all__ = ["BenchConfig", "run_bench", "markdown_tables", "fix_mmap_threshold"]
+__all__ = ["BenchConfig", "run_bench", "markdown_tables", "fix_mmap_threshold", "add_device_arguments", "device_arguments"]
 
 HEADS, HEAD_DIM, SCALE = 8, 64, 0.125
 
@@ -61,7 +61,11 @@ class BenchConfig:
 
     @property
     def cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return is_cuda(self.device)
+
+
+def is_cuda(device: str) -> bool:
+    return torch.device(device).type == "cuda"
 
 
 @dataclass
@@ -491,15 +495,29 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (the median is reported)")
     parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex backend (compiles per shape)")
-    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of q, k, v and both models (default float32)")
-    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
-                        help="skip a variant whose (B, H, L, L) tensors would exceed this (default 14)")
+    add_device_arguments(parser)
     parser.add_argument("--json", help="write the full report (every sample) here")
     parser.add_argument("--markdown", help="write the tables here")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_device_arguments(parser) -> None:
+    """--device, --dtype and --memory-limit-gib: shared by ``relpos bench`` and the model benchmark."""
+    parser.add_argument("--device", default="cpu", help="where to run: cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the inputs and models (default float32)")
+    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
+                        help="skip a variant whose (B, H, L, L) tensors would exceed this (default 14)")
+
+
+def device_arguments(args) -> dict:
+    """The checked ``device``, ``dtype`` and ``memory_limit_gib`` of :func:`add_device_arguments`' options."""
+    device = str(check_device("--device", args.device))
+    if is_cuda(device) and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here; run with --device cpu")
+    return {"device": device, "dtype": check_choice("--dtype", args.dtype, DTYPES),
+            "memory_limit_gib": check_positive_float("--memory-limit-gib", args.memory_limit_gib)}
 MAX_BENCH_LENGTH, MAX_BENCH_BATCH, MAX_BENCH_ROUNDS = 32768, 64, 100  # transformers' eager T5 at L=32768 is 4 GiB per head
 
 
@@ -522,12 +540,8 @@ def run_from_args(args) -> int:
         modes=tuple(args.modes.split(",")),
         rounds=args.rounds,
         flex=not args.no_flex,
-        device=str(check_device("--device", args.device)),
-        dtype=check_choice("--dtype", args.dtype, DTYPES),
-        memory_limit_gib=check_positive_float("--memory-limit-gib", args.memory_limit_gib),
+        **device_arguments(args),
     )
-    if config.cuda and not torch.cuda.is_available():
-        raise ValueError(f"--device {config.device}: torch sees no CUDA device here; run with --device cpu")
     unknown = set(config.modes) - set(MODES)
     if unknown:
         raise ValueError(f"--modes must be among {', '.join(MODES)}; got {sorted(unknown)}")
