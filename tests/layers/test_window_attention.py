@@ -188,7 +188,8 @@ def test_shift_mask_by_hand():
 
 
 def test_window_attention_never_expands_the_bias_per_example():
-    """No op of the forward makes a (B, nW, H, N, N) tensor; the kernel gets the bias as (1, nW * H, N, N)."""
+    """No op of the forward makes a (B, nW, H, N, N) tensor: the kernel gets the (nW, H, N, N) bias once per
+    image (a bias shared by all windows: one call over every window), never a copy per example."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen, sizes = [], []
@@ -207,8 +208,12 @@ def test_window_attention_never_expands_the_bias_per_example():
     bias = torch.randn(nw, h, n, n)
     with Spy():
         out = window_attention(q, k, v, bias)
-    assert seen == [(1, nw * h, n, n)]
+    assert seen == [(nw, h, n, n)] * b
     assert max(sizes) < b * nw * h * n * n
+    seen.clear()
+    with Spy():
+        window_attention(q, k, v, bias[:1])
+    assert seen == [(1, h, n, n)]
     ref = torch.softmax(q @ k.transpose(-1, -2) / d**0.5 + bias, -1) @ v
     torch.testing.assert_close(out, ref)
 
@@ -229,9 +234,12 @@ def test_cosine_attention_clamps_the_logit_scale():
     with torch.no_grad():
         attn.logit_scale.fill_(10.0)  # exp(10) clamps to 100
     x = torch.randn(1, 2, 2, 8, dtype=torch.float64)
-    q, k, _, scale = attn.project(window_partition(x, (2, 2)))
-    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    torch.testing.assert_close(q @ k.transpose(-1, -2) * scale, 100.0 * cos)
+    q, k, v, cosine_scale = attn.project(window_partition(x, (2, 2)))
+    torch.testing.assert_close(cosine_scale, torch.full((2,), 100.0, dtype=torch.float64))
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)  # (1, 1, 2, 4, 4)
+    expected = torch.softmax(100.0 * cos, -1) @ v
+    for fused in (True, False):
+        torch.testing.assert_close(window_attention(q, k, v, cosine_scale=cosine_scale, fused=fused), expected)
 
 
 def test_bad_inputs():
@@ -262,3 +270,83 @@ def test_shifted_windows_without_a_position_bias():
     unshifted = WindowAttention(16, 2, 4, 0, position_bias="none").double()
     unshifted.load_state_dict(plain.state_dict())
     assert (unshifted(x) - plain(x)).abs().max() > 1e-2  # the shift mask matters here
+
+
+def _views_of_projections(b, nw, h, n, d, dtype=torch.float64, seed=0, edit=None):
+    """q, k, v as the Swin adapters make them: (B, nW, H, N, d) views of one (B, nW, N, 3C) projection."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, nw, n, 3, h, d, generator=g, dtype=dtype)
+    if edit is not None:
+        edit(qkv)
+    qkv.requires_grad_()
+    return qkv, qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)
+
+
+@pytest.mark.parametrize("per_window", [False, True])
+@pytest.mark.parametrize("cosine", [False, True])
+def test_fused_equals_reference_on_projection_views(per_window, cosine):
+    """Outputs and gradients (q, k, v through their projection, bias, cosine scale) of the fused path
+    equal the eager formula in fp64, with more groups than one backward chunk holds."""
+    import relpos.layers.window_attention as wa
+
+    b, nw, h, n, d = 3, 4, 2, 16, 8
+    qkv, (q, k, v) = _views_of_projections(b, nw, h, n, d)
+    g = torch.Generator().manual_seed(1)
+    bias = (4 * torch.randn(nw if per_window else 1, h, n, n, generator=g, dtype=torch.float64)).requires_grad_()
+    cosine_scale = torch.tensor([3.0, 25.0], dtype=torch.float64, requires_grad=True) if cosine else None
+    results = []
+    for fused in (True, False):
+        out = window_attention(q, k, v, bias, cosine_scale=cosine_scale, fused=fused)  # (B, nW, H, N, d)
+        wanted = [qkv, bias] + ([cosine_scale] if cosine else [])
+        results.append((out, torch.autograd.grad((out * torch.linspace(-1, 2, out.numel()).view(out.shape)).sum(), wanted)))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(grads, ref_grads):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+    assert (out - window_attention(q, k, v, None, cosine_scale=cosine_scale, fused=False)).abs().max() > 0.1  # the bias matters
+    old = wa._CHUNK_SCORES
+    try:  # one group per backward chunk: the chunked backward gives the same gradients
+        wa._CHUNK_SCORES = 1
+        chunked = torch.autograd.grad((window_attention(q, k, v, bias, cosine_scale=cosine_scale)
+                                       * torch.linspace(-1, 2, out.numel()).view(out.shape)).sum(), wanted)
+    finally:
+        wa._CHUNK_SCORES = old
+    for a, r in zip(chunked, ref_grads):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+def test_cosine_attention_of_a_zero_vector_follows_normalize():
+    """A zero (or tiny) q row: F.normalize's eps decides the value and the gradient; the fused path agrees."""
+    def edit(qkv):
+        qkv[0, 0, 1, 0, 1].zero_()  # q of window 0, token 1, head 1
+        qkv[0, 1, 2, 1, 0].mul_(1e-14)  # k of window 1, token 2, head 0: below the eps
+
+    qkv, (q, k, v) = _views_of_projections(1, 2, 2, 4, 8, edit=edit)
+    scale = torch.tensor([5.0, 9.0], dtype=torch.float64, requires_grad=True)
+    grads = []
+    for fused in (True, False):
+        out = window_attention(q, k, v, cosine_scale=scale, fused=fused)
+        grads.append(torch.autograd.grad(out.sin().sum(), [qkv, scale]))
+    for a, r in zip(*grads):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+def test_fused_path_keeps_only_its_inputs():
+    """For the backward the fused path keeps q, k, v as given (the projection: no copies), the output
+    the caller's projection reads too, the log-sum-exp and the bias: no normalised q/k, no folded copies."""
+    b, nw, h, n, d = 2, 4, 2, 16, 8
+    qkv, (q, k, v) = _views_of_projections(b, nw, h, n, d, dtype=torch.float32)
+    bias = torch.randn(nw, h, n, n)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = window_attention(q, k, v, bias, cosine_scale=torch.full((h,), 10.0))
+        flat = out.transpose(2, 3).flatten(3)  # (B, nW, N, C): what the output projection reads
+    assert flat.data_ptr() == out.data_ptr() and flat.is_contiguous()  # a view: no copy for the projection
+    token = b * nw * n * h * d * 4
+    assert qkv.untyped_storage().data_ptr() in saved
+    assert sum(saved.values()) <= 3 * token + bias.numel() * 4 + 64

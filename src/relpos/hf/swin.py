@@ -117,21 +117,20 @@ def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | No
     heads, d = _heads(self)
     q, k, v = (getattr(self, name)(hidden_states).view(bnw // nw, nw, n, heads, d).transpose(2, 3)
                for name in kind.projections)  # (B, nW, H, N, d)
-    if kind.continuous:  # Swin V2: cosine attention, the per-head scale on q
-        logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()  # (H, 1, 1)
-        q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
+    if kind.continuous:  # Swin V2: cosine attention, q and k normalised inside window_attention
+        cosine_scale, scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp().view(-1), None  # (H,)
         bias = _continuous_bias(self)  # (H, N, N)
     else:
-        scale = getattr(self, "scaling", None) or 1.0 / math.sqrt(d)
+        cosine_scale, scale = None, getattr(self, "scaling", None) or 1.0 / math.sqrt(d)
         bias = _table_bias(self)  # (H, N, N)
     bias = bias[None]  # (1, H, N, N)
     if attention_mask is not None:
         bias = bias + kind.mask_repeats * attention_mask[:, None].to(bias.dtype)  # (nW, H, N, N): once per layer
     dropout = getattr(self, "attention_dropout", None)
     dropout = self.dropout.p if dropout is None else dropout
-    out = window_attention(q, k, v, bias.to(q.dtype), scale=scale, dropout_p=dropout if self.training else 0.0,
-                           training=self.training)  # (B, nW, H, N, d)
-    return out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C)
+    out = window_attention(q, k, v, bias.to(q.dtype), scale=scale, cosine_scale=cosine_scale,
+                           dropout_p=dropout if self.training else 0.0, training=self.training)  # (B, nW, H, N, d)
+    return out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C): a view of the fused path's output
 
 
 def _check(modules: list[nn.Module]) -> None:

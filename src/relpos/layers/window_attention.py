@@ -39,10 +39,7 @@ __all__ = ["PositionBiasKind", "window_partition", "window_merge", "shift_mask",
 PositionBiasKind = Literal["table", "factorized", "continuous", "none"]
 SWIN_MASK_VALUE = -100.0  # Swin, timm and transformers' value between shifted regions
 _CHUNK_SCORES = 1 << 22  # scores recomputed at once in the backward (16 MiB in fp32)
-# exp of a score below this is subnormal in fp32 (< 1.2e-38), and CPUs compute subnormals about 100x
-# slower (in exp, then in every matmul they enter); the shift mask puts many scores there. Those
-# probabilities are set to 0, as fp32's exp itself does below -104: off by less than 1.6e-38.
-_EXP_FLOOR = -87.0
+_NORM_EPS = 1e-12  # F.normalize's eps: Swin V2's cosine attention (transformers, timm) uses the default
 
 
 def window_partition(x: torch.Tensor, window: int | tuple[int, int]) -> torch.Tensor:
@@ -131,60 +128,122 @@ def shift_mask(
 
 
 class _WindowSDPA(torch.autograd.Function):
-    """Flash-kernel forward; backward from the saved log-sum-exp, in chunks of the batch."""
+    """Flash-kernel forward; a backward that recomputes the window probabilities, in chunks of windows.
+
+    q, k, v come as ``(B, nW, H, N, d)`` in any strides and reach the kernel as they are (it reads
+    strided rows: views of the projections are neither copied nor kept twice); the kernel writes
+    its output token-major, ``(B, nW, N, H, d)``, the layout the output projection reads, so the
+    caller's ``transpose`` back is a view. Only q, k, v (as given) and the bias are kept: the
+    backward recomputes each chunk's probabilities with one ``softmax`` (a window row is short, so
+    this is one pass over the scores) and takes ``softmax``'s own backward. ``bias`` is
+    ``(W, H, N, N)`` with ``W`` 1 (one bias for every window: one kernel call over all windows) or
+    ``nW`` (one per window, the shift mask: one call per image). With ``cosine_scale`` (H,), q and
+    k are normalised inside (recomputed in the backward, not kept) and q scaled per head.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale):  # q, k, v (G, M, N, d); bias (1, M, N, N) broadcast over G
+    def forward(ctx, q, k, v, bias, scale, cosine_scale):  # q, k, v (B, nW, H, N, d); bias (W, H, N, N)
+        b, nw, h, n, _ = q.shape
+        ctx.save_for_backward(q, k, v, bias, cosine_scale)  # q, k, v as given: no copies kept
+        qs, ks = (q, k) if cosine_scale is None else (_unit(q, cosine_scale)[0], _unit(k)[0])  # temporaries
+        groups = [t.flatten(0, 1) for t in (qs, ks, v)]  # (B * nW, H, N, d), views
+        step = nw if bias.shape[0] > 1 else b * nw  # windows per kernel call: the bias broadcasts over them
         with flushing(q):  # a shift mask of -100 puts probabilities in the denormal range (relpos.backends._denormals)
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, False, attn_mask=bias, scale=scale
-            )[:2]  # (G, M, N, d), (G, M, N)
-        ctx.save_for_backward(q, k, v, bias, out, lse)
+            outs = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                *(t[i : i + step] for t in groups), 0.0, False, attn_mask=bias, scale=scale)[0].transpose(1, 2)
+                for i in range(0, b * nw, step)]  # (step, N, H, dv) each
         ctx.scale = scale
-        return out
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (B * nW, N, H, dv): token-major
+        return out.view(b, nw, n, h, -1)  # (B, nW, N, H, dv)
 
     @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, bias, out, lse = ctx.saved_tensors
-        wide = torch.promote_types(bias.dtype, torch.float32)  # bf16 sums in fp32
-        need_bias = ctx.needs_input_grad[3]
-        step = max(1, _CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2]))
+    def backward(ctx, grad_out):  # grad_out (B, nW, N, H, dv)
+        q, k, v, bias, cosine_scale = ctx.saved_tensors
+        w, h, n = bias.shape[:3]
+        grads = [_token_major_like(t) for t in (q, k, v)]  # (B, nW, H, N, d) views of (B, nW, N, H, d)
+        parts = [t.flatten(0, 1) for t in (q, k, v, *grads)] + [grad_out.flatten(0, 1).transpose(1, 2)]
+        grad_bias = grad_scale = None
+        step = w * max(1, _CHUNK_SCORES // (w * h * n * n))  # windows whose scores are recomputed at once
         with flushing(q):
-            chunks = [
-                _window_grads(q[i : i + step], k[i : i + step], v[i : i + step], bias, out[i : i + step],
-                              lse[i : i + step], grad_out[i : i + step].contiguous(), ctx.scale, need_bias, wide)
-                for i in range(0, q.shape[0], step)
-            ]
-        grad_q, grad_k, grad_v = (c[0] if len(chunks) == 1 else torch.cat(c) for c in list(zip(*chunks))[:3])
-        grad_bias = None
-        if need_bias:
-            grad_bias = chunks[0][3]
-            for c in chunks[1:]:
-                grad_bias.add_(c[3])
-            grad_bias = grad_bias.to(bias.dtype)
-        return grad_q, grad_k, grad_v, grad_bias, None
+            for i in range(0, parts[0].shape[0], step):
+                qc, kc, vc, *dst, gc = (t[i : i + step] for t in parts)  # (g, H, N, d)
+                g = qc.shape[0]
+                if cosine_scale is None:
+                    q3, k3 = (qc * ctx.scale).reshape(g * h, n, -1), kc.reshape(g * h, n, -1)  # (gH, N, d)
+                else:
+                    (q3, q_norm), (k3, k_norm) = _unit(qc, cosine_scale, contiguous=True), _unit(kc, contiguous=True)
+                    q3, k3 = q3.view(g * h, n, -1), k3.view(g * h, n, -1)  # (gH, N, d): as in the forward
+                gq, gk, gv, gb = _window_grads(q3, k3, vc.reshape(g * h, n, -1), gc.reshape(g * h, n, -1), bias,
+                                               ctx.needs_input_grad[3])  # (gH, N, d) x 3, (W, H, N, N)
+                gq, gk = gq.view(g, h, n, -1), gk.view(g, h, n, -1)  # gradients of the kernel's q, k
+                if cosine_scale is None:
+                    dst[0].copy_(gq.mul_(ctx.scale))
+                    dst[1].copy_(gk)
+                else:
+                    gs = _unit_backward(gq, q3.view(g, h, n, -1), q_norm, cosine_scale, out=dst[0])  # (H,)
+                    _unit_backward(gk, k3.view(g, h, n, -1), k_norm, None, out=dst[1])
+                    grad_scale = gs if grad_scale is None else grad_scale.add_(gs)
+                dst[2].copy_(gv.view(g, h, n, -1))  # into the token-major gradients
+                if gb is not None:
+                    grad_bias = gb if grad_bias is None else grad_bias.add_(gb)
+        grad_scale = None if grad_scale is None else grad_scale.to(cosine_scale.dtype)
+        return (*grads, grad_bias, None, grad_scale)
 
 
-def _window_grads(q, k, v, bias, out, lse, grad_out, scale, need_bias, wide):
-    """Gradients of softmax(q k^T s + bias) v for one chunk; ``dS`` summed over it for the bias."""
-    g, m, n, d = q.shape
-    q3, k3, v3, o3, go3 = (t.reshape(g * m, n, -1) for t in (q, k, v, out, grad_out))  # (gM, N, d)
-    scores = torch.bmm(q3, k3.transpose(1, 2)).view(g, m, n, n)  # (g, M, N, N)
-    logits = scores.mul_(scale).add_(bias).sub_(lse.unsqueeze(-1))  # (g, M, N, N)
-    negligible = logits < _EXP_FLOOR  # (g, M, N, N)
-    probs = logits.clamp_min_(_EXP_FLOOR).exp_().masked_fill_(negligible, 0.0).view(g * m, n, n)  # softmax, recomputed
-    grad_v = torch.bmm(probs.transpose(1, 2), go3)  # (gM, N, d)
-    grad_probs = torch.bmm(go3, v3.transpose(1, 2))  # (gM, N, N)
-    row_dot = (go3 * o3).sum(-1, keepdim=True)  # (gM, N, 1)
-    grad_scores = probs.mul_(grad_probs.sub_(row_dot))  # (gM, N, N), in place of probs
-    grad_bias = grad_scores.view(g, m, n, n).sum(0, keepdim=True, dtype=wide) if need_bias else None  # (1, M, N, N)
-    grad_q = torch.bmm(grad_scores, k3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
-    grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(scale).view(g, m, n, d)  # (g, M, N, d)
-    return grad_q, grad_k, grad_v.view(g, m, n, -1), grad_bias
+def _token_major_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty ``(B, nW, H, N, d)`` stored as ``(B, nW, N, H, d)``: the projections' layout."""
+    b, nw, h, n, d = t.shape
+    return t.new_empty(b, nw, n, h, d).transpose(2, 3)
 
 
-def _reference(q, k, v, bias, scale, dropout_p, training):
+def _unit(x: torch.Tensor, scale: torch.Tensor | None = None, *, contiguous: bool = False):
+    """``F.normalize(x, dim=-1) * scale_h`` (``x * scale_h / max(|x|, 1e-12)``) and ``|x|`` ``(..., 1)``;
+    ``contiguous``: written in the standard layout (the backward's matmuls read it)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., H, N, 1)
+    factor = norm.clamp_min(_NORM_EPS).reciprocal()  # (..., H, N, 1)
+    if scale is not None:
+        factor = factor.mul_(scale.view(-1, 1, 1))
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if contiguous else None
+    return torch.mul(x, factor, out=out) if contiguous else x * factor, norm
+
+
+def _unit_backward(grad, y, norm, scale, *, out):
+    """Gradient of ``y = x * scale_h / max(|x|, eps)`` from the output's ``grad``, written into ``out``:
+    ``(g - y <g, y> / scale^2) * scale / |x|`` (``g * scale / eps`` where ``|x| < eps``: the clamp holds
+    the denominator). Returns the gradient of ``scale`` ``(H,)`` (``<g, y> / scale`` summed), or None."""
+    dot = (grad * y).sum(-1, keepdim=True)  # (g, H, N, 1)
+    grad_scale = None if scale is None else dot.sum(dim=(0, 2, 3)).div_(scale)  # (H,)
+    s = 1.0 if scale is None else scale.view(-1, 1, 1)
+    coeff = dot.masked_fill_(norm < _NORM_EPS, 0.0).div_(s * s if scale is not None else 1.0)  # (g, H, N, 1)
+    torch.mul(grad.sub_(y * coeff), s / norm.clamp_min(_NORM_EPS), out=out)  # (g, H, N, d)
+    return grad_scale
+
+
+def _window_grads(q3, k3, v3, go3, bias, need_bias):
+    """Gradients of ``softmax(q3 k3^T + bias) v3`` for one chunk of windows (``(gH, N, d)``, q3 carrying
+    the scale), bias ``(W, H, N, N)`` repeating every ``W`` windows, summed over the chunk for its own."""
+    w, h, n = bias.shape[:3]
+    scores = torch.bmm(q3, k3.transpose(1, 2))  # (gH, N, N)
+    scores.view(-1, w, h, n, n).add_(bias)  # (g / W, W, H, N, N)
+    probs = torch.softmax(scores, dim=-1)  # (gH, N, N): the forward's, recomputed
+    del scores
+    grad_v = torch.bmm(probs.transpose(1, 2), go3)  # (gH, N, dv)
+    grad_probs = torch.bmm(go3, v3.transpose(1, 2))  # (gH, N, N)
+    grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)  # (gH, N, N)
+    del grad_probs, probs
+    grad_bias = None
+    if need_bias:
+        per = grad_scores.view(-1, w, h, n, n)  # (g / W, W, H, N, N)
+        grad_bias = per[0].clone() if per.shape[0] == 1 else per.sum(0)  # (W, H, N, N)
+    grad_q = torch.bmm(grad_scores, k3)  # (gH, N, d): of the scaled q
+    grad_k = torch.bmm(grad_scores.transpose(1, 2), q3)  # (gH, N, d)
+    return grad_q, grad_k, grad_v, grad_bias
+
+
+def _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training):
     """The eager formula, the oracle: (B, nW, H, N, d) with bias (nW | 1, H, N, N) broadcast over B."""
+    if cosine_scale is not None:  # Swin V2: cos(q_i, k_j) times the head's scale
+        q, k, scale = F.normalize(q, dim=-1) * cosine_scale.view(-1, 1, 1), F.normalize(k, dim=-1), 1.0
     scores = (q @ k.transpose(-1, -2)) * scale  # (B, nW, H, N, N)
     if bias is not None:
         scores = scores + bias  # broadcast over the batch
@@ -205,6 +264,7 @@ def window_attention(
     bias: torch.Tensor | None = None,
     *,
     scale: float | None = None,
+    cosine_scale: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
     fused: bool = True,
@@ -213,8 +273,16 @@ def window_attention(
 
     ``bias`` is one ``(nW, H, N, N)`` or ``(1, H, N, N)`` tensor (position bias plus shift mask,
     built once per layer) added to every example's scores; it is broadcast, never expanded to
-    ``(B, nW, H, N, N)``. ``fused=False`` runs the eager reference. Dropout on the attention
-    weights (when ``training``) runs the reference path: CPU SDPA kernels have no dropout.
+    ``(B, nW, H, N, N)``. ``cosine_scale`` (``(H,)`` or ``(H, 1, 1)``) selects Swin V2's cosine
+    attention: the scores are ``cos(q_i, k_j) * cosine_scale[h]`` (Swin V2 passes
+    ``exp(min(logit_scale, log 100))``), and ``scale`` must then be left ``None``. ``fused=False``
+    runs the eager reference. Dropout on the attention weights (when ``training``) runs the
+    reference path: CPU SDPA kernels have no dropout.
+
+    The fused path keeps q, k, v as given for the backward (pass views of the projections: nothing
+    is copied) and the output, returned as a view of a ``(B, nW, N, H, d)`` tensor so that
+    ``out.transpose(2, 3).flatten(3)`` for the output projection copies nothing; with cosine
+    attention the normalised q and k are recomputed in the backward rather than kept.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, shape="(B, nW, H, N, d)")
@@ -229,16 +297,27 @@ def window_attention(
         raise ValueError(f"bias must be (nW or 1, H, N, N) = ({nw} or 1, {h}, {n}, {n}), got {tuple(bias.shape)}")
     dropout_p = check_probability("dropout_p", dropout_p)
     scale = check_scale("scale", scale)
+    if cosine_scale is not None:
+        cosine_scale, scale = _cosine_scale(cosine_scale, scale, h), 1.0  # (H,)
     scale = d**-0.5 if scale is None else scale
     if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
-        return _reference(q, k, v, bias, scale, dropout_p, training)
+        return _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)
     if bias is None:
         bias = q.new_zeros(1, 1, n, n).expand(1, h, n, n)
-    # one bias for every window: fold the windows into the batch; one per window: fold them into the heads
-    groups, heads = (b * nw, h) if bias.shape[0] == 1 else (b, nw * h)
-    shaped = [t.reshape(groups, heads, n, d) for t in (q, k, v)]  # (G, M, N, d)
-    folded = bias.to(q.dtype).reshape(1, heads, n, n)  # (1, M, N, N): broadcast over G, never copied per example
-    return _WindowSDPA.apply(*shaped, folded, scale).view(b, nw, h, n, d)
+    heads_scale = None if cosine_scale is None else cosine_scale.to(q.dtype)  # (H,)
+    out = _WindowSDPA.apply(q, k, v, bias.to(q.dtype), scale, heads_scale)  # (B, nW, N, H, dv): broadcast, never copied per example
+    return out.transpose(2, 3)  # (B, nW, H, N, dv)
+
+
+def _cosine_scale(cosine_scale, scale: float | None, heads: int) -> torch.Tensor:
+    """``cosine_scale`` checked: a floating ``(H,)`` or ``(H, 1, 1)`` tensor, and no ``scale`` beside it."""
+    check_tensor("cosine_scale", cosine_scale, shape="(H,)")
+    if cosine_scale.numel() != heads or cosine_scale.dim() not in (1, 3) or not cosine_scale.is_floating_point():
+        raise ValueError(f"cosine_scale must be a floating (H,) or (H, 1, 1) tensor with H = {heads}, "
+                         f"got {cosine_scale.dtype} of shape {tuple(cosine_scale.shape)}")
+    if scale is not None:
+        raise ValueError(f"scale must be None with cosine_scale (cosine scores are scaled by cosine_scale alone), got {scale}")
+    return cosine_scale.reshape(heads)  # (H,)
 
 
 def _pad_to_windows(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
@@ -345,8 +424,9 @@ class WindowAttention(nn.Module):
             bias = mask.expand(-1, self.num_heads, -1, -1) if bias is None else bias + mask  # (nW, H, N, N)
         return bias
 
-    def project(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
-        """``(B, nW, N, C)`` -> q, k, v ``(B, nW, H, N, d)`` and the scale (cosine: q carries it)."""
+    def project(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(B, nW, N, C)`` -> q, k, v ``(B, nW, H, N, d)`` (views of one projection) and, for cosine
+        attention, the per-head scale ``exp(min(logit_scale, log 100))`` ``(H,)`` (else ``None``)."""
         b, nw, n, c = windows.shape
         bias = None
         if self.q_bias is not None:
@@ -355,8 +435,7 @@ class WindowAttention(nn.Module):
         q, k, v = qkv.view(b, nw, n, 3, self.num_heads, -1).permute(3, 0, 1, 4, 2, 5)  # 3 x (B, nW, H, N, d)
         if not self.cosine:
             return q, k, v, None
-        logit_scale = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (H, 1, 1)
-        return F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), v, 1.0
+        return q, k, v, torch.clamp(self.logit_scale, max=math.log(100.0)).exp().view(-1)  # (H,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, Hf, Wf, C) -> (B, Hf, Wf, C)``."""
@@ -368,10 +447,10 @@ class WindowAttention(nn.Module):
         hp, wp = padded.shape[1:3]
         if any(self.shift_size):
             padded = torch.roll(padded, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
-        q, k, v, scale = self.project(window_partition(padded, self.window_size))  # (B, nW, H, N, d)
+        q, k, v, cosine_scale = self.project(window_partition(padded, self.window_size))  # (B, nW, H, N, d)
         bias = self.window_bias(hp, wp, device=x.device, dtype=x.dtype)  # (nW | 1, H, N, N)
-        out = window_attention(q, k, v, bias, scale=scale, dropout_p=self.attn_drop, training=self.training,
-                               fused=self.fused)  # (B, nW, H, N, d)
+        out = window_attention(q, k, v, bias, cosine_scale=cosine_scale, dropout_p=self.attn_drop,
+                               training=self.training, fused=self.fused)  # (B, nW, H, N, d)
         out = self.proj_drop(self.proj(out.transpose(2, 3).flatten(3)))  # (B, nW, N, C)
         merged = window_merge(out, self.window_size, hp, wp)  # (B, Hp, Wp, C)
         if any(self.shift_size):
