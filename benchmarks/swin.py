@@ -27,6 +27,27 @@ from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")
 RECOMPUTE = "relpos_recompute"  # training only: relpos.hf.recompute_activations (forward under no_grad is relpos)
+TIMM = "timm"  # timm's SwinTransformerV2 of the same shape, where timm imports (its own weights: time and memory only)
+
+
+def _timm_class(family: str):
+    """timm's SwinTransformer(V2) class, or None where timm does not import (it needs torchvision)."""
+    try:
+        from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
+    except Exception:  # noqa: BLE001 - ImportError, or torchvision's operator error beside a CPU torch
+        return None
+    return SwinTransformerV2 if family == "swinv2" else SwinTransformer
+
+
+def _timm_model(window: int, image: int, family: str):
+    """timm's Swin (V2) of the same shape (random weights), or None without timm."""
+    cls = _timm_class(family)
+    if cls is None:
+        return None
+    torch.manual_seed(0)
+    return cls(img_size=image, patch_size=4, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
+               window_size=window, num_classes=0)
 
 
 def _model(window: int, image: int, family: str):
@@ -97,13 +118,18 @@ def _saved_by_stage(model, pixels) -> dict[str, float]:
     return by | {"total": sum(by.values())}
 
 
+def _features(model, pixels):
+    """transformers' ``last_hidden_state``; timm's ``forward_features`` (the same normed tokens, NHWC)."""
+    return model.forward_features(pixels) if hasattr(model, "forward_features") else model(pixels).last_hidden_state
+
+
 def _runner(mode: str, model, pixels):
     if mode == "forward":
         model.eval()
 
         def run():
             with torch.no_grad():
-                model(pixels)
+                _features(model, pixels)
 
         return run
     model.train()
@@ -111,7 +137,7 @@ def _runner(mode: str, model, pixels):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        model(pixels).last_hidden_state.square().mean().backward()
+        _features(model, pixels).square().mean().backward()
         optimizer.step()
 
     return step
@@ -121,7 +147,8 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads) if args.threads else None
     rows = []
     plan = [(w, m) for w in args.windows for m in args.modes]
-    progress = Progress(sum(args.rounds * (len(VARIANTS) + (mode == "train")) for _, mode in plan))
+    extra = _timm_class(args.family) is not None  # timm's model is timed too
+    progress = Progress(sum(args.rounds * (len(VARIANTS) + (mode == "train") + extra) for _, mode in plan))
     checks = {}
     for window in args.windows:
         base = _model(window, args.image, args.family)
@@ -130,18 +157,32 @@ def run(args) -> dict:
         checks[window] = _check_equal(models, pixels)
         checks[window]["saved_mib"] = {name: _saved_by_stage(model, pixels) for name, model in models.items()}
         checks[window]["saved_mib"][RECOMPUTE] = _saved_by_stage(recompute_activations(accelerate(copy.deepcopy(base))), pixels)
+        timm_model = _timm_model(window, args.image, args.family)
         for mode in args.modes:
             variants = {name: _runner(mode, model, pixels) for name, model in models.items()}
             if mode == "train":
                 variants[RECOMPUTE] = _runner(mode, recompute_activations(accelerate(copy.deepcopy(base))), pixels)
-            timed = _timed_rounds(variants, args.rounds, progress, f"{mode} window={window}")
+            if timm_model is not None:
+                variants[TIMM] = _runner(mode, timm_model, pixels)
+            timed = _timed_rounds(variants, args.rounds, progress, f"{mode} window={window}", cuda=False)
             for name, (ms, peak, samples) in timed.items():
                 rows.append({"mode": mode, "window": window, "variant": name, "ms": ms, "peak_mib": peak,
                              "samples": samples})
     progress.close() if hasattr(progress, "close") else None
     return {"config": vars(args) | {"windows": list(args.windows), "modes": list(args.modes)}, "checks": checks,
             "results": rows, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "versions": _versions()}
+
+
+def _versions() -> dict:
+    import transformers
+
+    timm_version = None
+    if _timm_class("swinv2") is not None:
+        import timm
+
+        timm_version = timm.__version__
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "timm": timm_version}
 
 
 STAGES = ("stage 0", "stage 1", "stage 2", "stage 3", "other")
@@ -151,23 +192,31 @@ def markdown(report: dict) -> str:
     cfg = report["config"]
     lines = [
         f"Swin V2 tiny-like ({cfg['family']}, embed 96, depths 2-2-6-2, heads 3-6-12-24), {cfg['image']}x{cfg['image']}, "
-        f"batch {cfg['batch']}, fp32, {cfg['rounds']} interleaved rounds (median), torch {report['torch']}, "
-        f"{report['threads']} threads.",
+        f"batch {cfg['batch']}, fp32, {cfg['rounds']} interleaved rounds (median), "
+        + ", ".join(f"{k} {v}" for k, v in report.get("versions", {"torch": report["torch"]}).items() if v)
+        + f", {report['threads']} threads.",
         "",
-        "| mode | window | variant | transformers eager ms | relpos ms | speed-up | transformers peak MiB | relpos peak MiB | memory ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | window | variant | transformers eager ms | timm ms | relpos ms | vs transformers | vs timm | "
+        "transformers peak MiB | timm peak MiB | relpos peak MiB | memory / transformers' | memory / timm's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["mode"], r["window"], r["variant"]): r for r in report["results"]}
+
+    def ratio(a, b, fmt):
+        return "n/a" if a is None or b is None or not b else format(a / b, fmt)
+
     for mode in cfg["modes"]:
         for window in cfg["windows"]:
-            hf = by[(mode, window, "hf_eager")]
+            hf, tm = by[(mode, window, "hf_eager")], by.get((mode, window, TIMM), {})
             for variant in ("relpos", RECOMPUTE):
                 ours = by.get((mode, window, variant))
                 if ours is None:
                     continue
-                mem = "" if not hf["peak_mib"] or ours["peak_mib"] is None else f"{ours['peak_mib'] / hf['peak_mib']:.2f}"
-                lines.append(f"| {mode} | {window} | {variant} | {hf['ms']:.0f} | {ours['ms']:.0f} | {hf['ms'] / ours['ms']:.2f}x | "
-                             f"{hf['peak_mib']:.0f} | {ours['peak_mib']:.0f} | {mem} |")
+                cells = [mode, window, variant, f"{hf['ms']:.0f}", f"{tm['ms']:.0f}" if tm else "n/a", f"{ours['ms']:.0f}",
+                         ratio(hf["ms"], ours["ms"], ".2f") + "x", (ratio(tm["ms"], ours["ms"], ".2f") + "x") if tm else "n/a",
+                         f"{hf['peak_mib']:.0f}", f"{tm['peak_mib']:.0f}" if tm else "n/a", f"{ours['peak_mib']:.0f}",
+                         ratio(ours["peak_mib"], hf["peak_mib"], ".2f"), ratio(ours["peak_mib"], tm.get("peak_mib"), ".2f")]
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "Equality before timing (eval mode, same input):", ""]
     for window, c in report["checks"].items():
         lines.append(f"- window {window}: max |output difference| {c['max_abs_output_diff_fp32']:.1e} in fp32 "

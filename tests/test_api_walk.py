@@ -26,6 +26,8 @@ VALID = {
     "resize_state_dict": dict(state_dict={}, model=torch.nn.Linear(1, 1)),
     "shift_mask": dict(height=4, width=4, window=2, shift=1),
     "window_attention": dict(q=torch.randn(1, 2, 2, 4, 8), k=torch.randn(1, 2, 2, 4, 8), v=torch.randn(1, 2, 2, 4, 8)),
+    "projected_window_attention": dict(x=torch.randn(1, 2, 4, 8), weights=[torch.randn(8, 8)] * 3, biases=[None] * 3,
+                                       heads=2),
     "window_merge": dict(windows=torch.randn(1, 4, 4, 2), window=2, height=4, width=4),
     "window_partition": dict(x=torch.randn(1, 4, 4, 2), window=2),
     "CoPE": dict(head_dim=8, max_positions=16),

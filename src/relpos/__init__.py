@@ -41,7 +41,9 @@ from .backends.dispatch import BackendChoice, attention, resolve_bias, select_ba
 # layers
 from .layers.mha import KVCache, MultiheadAttention
 from .layers.t5_attention import T5Attention, T5Block, T5Stack, cross_attention_with_bias
-from .layers.window_attention import WindowAttention, shift_mask, window_attention, window_merge, window_partition
+from .layers.window_attention import (
+    WindowAttention, projected_window_attention, shift_mask, window_attention, window_merge, window_partition,
+)
 
 # Unmistakable names for the two tables whose usual names differ by two letters:
 # RelativePositionalBias (T5, bucketed, any length) and RelativePositionBias (Swin, one window).
@@ -106,6 +108,7 @@ __all__ = [
     "t5_bucket",
     "table_size",
     "window_attention",
+    "projected_window_attention",
     "window_coords",
     "window_merge",
     "window_partition",

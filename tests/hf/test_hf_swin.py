@@ -260,3 +260,27 @@ def test_recompute_activations_refuses_bad_models():
         rh.recompute_activations(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="enabled"):
         rh.recompute_activations(rh.accelerate(model), enabled="yes")
+
+
+def test_swin_benchmark_runs_at_a_tiny_size(tmp_path):
+    """benchmarks/swin.py end to end (no timing assertions): every variant of both modes, the equality
+    checks and the saved-activation table; timm's model joins where timm imports."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "swin.py"
+    spec = importlib.util.spec_from_file_location("swin_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out, page = tmp_path / "swin.json", tmp_path / "swin.md"
+    assert bench.main(["--image", "32", "--windows", "4", "--rounds", "1", "--batch", "1", "--threads", "1",
+                       "--json", str(out), "--markdown", str(page)]) == 0
+    report = json.loads(out.read_text())
+    expected = {("forward", v) for v in bench.VARIANTS} | {("train", v) for v in (*bench.VARIANTS, bench.RECOMPUTE)}
+    if bench._timm_class("swinv2") is not None:
+        expected |= {(m, bench.TIMM) for m in ("forward", "train")}
+    assert {(r["mode"], r["variant"]) for r in report["results"]} == expected
+    assert all(r["ms"] > 0 for r in report["results"])
+    assert report["checks"]["4"]["max_abs_output_diff_fp64"] < 1e-10
+    assert bench.TABLE_START in page.read_text() and "relpos_recompute" in page.read_text()

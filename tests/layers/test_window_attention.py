@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relpos import ContinuousPositionBias, WindowAttention, shift_mask, window_attention, window_merge, window_partition
+from relpos import (
+    ContinuousPositionBias, WindowAttention, projected_window_attention, shift_mask, window_attention, window_merge, window_partition,
+)
 
 hf_swin = pytest.importorskip("transformers.models.swin.modeling_swin")
 hf_swinv2 = pytest.importorskip("transformers.models.swinv2.modeling_swinv2")
@@ -332,8 +334,8 @@ def test_cosine_attention_of_a_zero_vector_follows_normalize():
 
 
 def test_fused_path_keeps_only_its_inputs():
-    """For the backward the fused path keeps q, k, v as given (the projection: no copies), the output
-    the caller's projection reads too, the log-sum-exp and the bias: no normalised q/k, no folded copies."""
+    """For the backward the fused path keeps q, k, v as given (the projection: no copies), the bias and
+    the norms of q and k (a d-th of their size): no normalised q/k, no folded copies, no output."""
     b, nw, h, n, d = 2, 4, 2, 16, 8
     qkv, (q, k, v) = _views_of_projections(b, nw, h, n, d, dtype=torch.float32)
     bias = torch.randn(nw, h, n, n)
@@ -349,4 +351,57 @@ def test_fused_path_keeps_only_its_inputs():
     assert flat.data_ptr() == out.data_ptr() and flat.is_contiguous()  # a view: no copy for the projection
     token = b * nw * n * h * d * 4
     assert qkv.untyped_storage().data_ptr() in saved
-    assert sum(saved.values()) <= 3 * token + bias.numel() * 4 + 64
+    norms = 2 * b * nw * h * n * 4
+    assert sum(saved.values()) <= 3 * token + bias.numel() * 4 + norms + 64
+
+
+@pytest.mark.parametrize("per_window,cosine,stacked", [(False, False, False), (True, True, False), (True, False, True),
+                                                       (False, True, True)])
+def test_projected_window_attention_equals_projecting_first(per_window, cosine, stacked, monkeypatch):
+    """The projections inside the fused function (recomputed in its backward; as one matmul with the
+    weights stacked, or three): outputs and gradients of x, every weight and bias, the bias and the
+    cosine scale equal projecting with autograd first (fp64)."""
+    import relpos.layers.window_attention as wa
+
+    monkeypatch.setattr(wa, "_STACK_ROWS_PER_CHANNEL", 0 if stacked else 10**9)
+    b, nw, n, c, h = 2, 4, 9, 12, 3
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(b, nw, n, c, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = [torch.randn(c, c, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    biases = [torch.randn(c, generator=g, dtype=torch.float64, requires_grad=True), None,
+              torch.randn(c, generator=g, dtype=torch.float64, requires_grad=True)]  # Swin V2: no k bias
+    bias = (3 * torch.randn(nw if per_window else 1, h, n, n, generator=g, dtype=torch.float64)).requires_grad_()
+    cosine_scale = torch.tensor([2.0, 9.0, 30.0], dtype=torch.float64, requires_grad=True) if cosine else None
+    leaves = [x, *weights, biases[0], biases[2], bias] + ([cosine_scale] if cosine else [])
+    probe = torch.randn(b, nw, n, c, generator=g, dtype=torch.float64)
+    ours = projected_window_attention(x, weights, biases, bias, heads=h, cosine_scale=cosine_scale)  # (B, nW, N, C)
+    q, k, v = (F.linear(x, w, bb).view(b, nw, n, h, -1).transpose(2, 3) for w, bb in zip(weights, biases))
+    ref = window_attention(q, k, v, bias, cosine_scale=cosine_scale, fused=False).transpose(2, 3).flatten(3)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(torch.autograd.grad((ours * probe).sum(), leaves), torch.autograd.grad((ref * probe).sum(), leaves)):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+def test_projected_window_attention_keeps_only_its_input():
+    b, nw, n, c, h = 2, 4, 16, 8, 2
+    x = torch.randn(b, nw, n, c, requires_grad=True)
+    weights, biases = [torch.randn(c, c, requires_grad=True) for _ in range(3)], [None] * 3
+    saved = {}
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) and t, lambda t: t):
+        projected_window_attention(x, weights, biases, torch.randn(nw, h, n, n), heads=h, cosine_scale=torch.ones(h))
+    params = sum(w.numel() * 4 for w in weights) + nw * h * n * n * 4 + h * 4
+    assert x.untyped_storage().data_ptr() in saved
+    norms = 2 * b * nw * h * n * 4  # of q and k: (B, nW, H, N, 1)
+    assert sum(saved.values()) <= x.numel() * 4 + params + norms + 64  # no q, k, v, no output, no probabilities
+
+
+def test_projected_window_attention_bad_inputs():
+    x = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"weights\[k\] must be \(C', C\) with C = 8 and C' a multiple of heads = 3"):
+        projected_window_attention(x, [torch.randn(9, 8), torch.randn(8, 8), torch.randn(9, 8)], [None] * 3, heads=3)
+    with pytest.raises(ValueError, match=r"biases\[v\] must be None or \(8,\)"):
+        projected_window_attention(x, [torch.randn(8, 8)] * 3, [None, None, torch.randn(4)], heads=2)
+    with pytest.raises(TypeError, match="sequences of three"):
+        projected_window_attention(x, torch.randn(3, 8, 8), [None] * 3, heads=2)
+    with pytest.raises(ValueError, match="scale must be None with cosine_scale"):
+        projected_window_attention(x, [torch.randn(8, 8)] * 3, [None] * 3, heads=2, scale=0.5, cosine_scale=torch.ones(2))

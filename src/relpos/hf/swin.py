@@ -15,10 +15,11 @@ outputs equal transformers'. A call that asks for attention weights (``output_at
 transformers' own forward, which computes them. No class is modified and no parameter or buffer
 is added or renamed; :func:`relpos.hf.restore` deletes the instance ``forward``.
 
-:func:`recompute_activations` (opt-in, after ``accelerate``) trades training time for memory: each
-attention branch keeps only its input for the backward (a non-reentrant checkpoint) and each MLP
-only its pre-activation (:class:`_ActLinear`); the layers' MLP modules then get instance
-``forward`` attributes too, removed by ``enabled=False`` or ``restore``.
+:func:`recompute_activations` (opt-in, after ``accelerate``) trades a little training time for
+memory: each attention branch keeps only its input for the backward (the q, k, v projections run
+inside :func:`relpos.projected_window_attention` and are recomputed in the backward) and each MLP
+only its pre-activation (:class:`_ActLinear`: the activation is recomputed); the layers' MLP
+modules then get instance ``forward`` attributes too, removed by ``enabled=False`` or ``restore``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool
-from ..layers.window_attention import window_attention
+from ..layers.window_attention import projected_window_attention, window_attention
 from ._family import Family, register
 from .api import is_accelerated
 
@@ -93,31 +94,32 @@ def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.T
                       output_attentions: bool | None = False, **kwargs):
     """The module's attention on relpos's window path: same inputs, same outputs as transformers'.
 
-    After :func:`recompute_activations`, the branch runs in a non-reentrant checkpoint under autograd:
-    only its input (and the layer's mask) is kept for the backward, which recomputes the projections,
-    the cosine normalisation, the bias and the window attention (bitwise the forward's values, so
-    gradients are unchanged).
+    After :func:`recompute_activations`, training keeps only the branch's input: the projections run
+    inside :func:`relpos.projected_window_attention`, which projects again in the backward (or, for
+    projections that are not plain ``nn.Linear`` layers, e.g. adapters, the branch runs in a
+    non-reentrant checkpoint). Gradients are unchanged.
     """
     if output_attentions or kwargs.get("output_attentions"):
         return type(self).forward(self, hidden_states, attention_mask, output_attentions=True, **kwargs)
-    if getattr(self, _RECOMPUTE_FLAG, False) and torch.is_grad_enabled():
-        out = checkpoint(_attend, self, hidden_states, attention_mask, use_reentrant=False)  # (B * nW, N, C)
+    recompute = getattr(self, _RECOMPUTE_FLAG, False) and torch.is_grad_enabled()
+    kind = _KINDS[type(self).__name__]
+    if recompute and not all(type(getattr(self, name)) is nn.Linear for name in kind.projections):
+        out = checkpoint(_attend, self, hidden_states, attention_mask, False, use_reentrant=False)  # (B * nW, N, C)
     else:
-        out = _attend(self, hidden_states, attention_mask)  # (B * nW, N, C)
+        out = _attend(self, hidden_states, attention_mask, recompute)  # (B * nW, N, C)
     if hasattr(self, "o_proj"):  # SwinAttention projects and returns (output, weights)
         return self.o_proj(out), None
     return (out,)
 
 
-def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """``(B * nW, N, C) -> (B * nW, N, C)``: projections, bias + mask once per layer, window attention."""
+def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, inside: bool) -> torch.Tensor:
+    """``(B * nW, N, C) -> (B * nW, N, C)``: projections, bias + mask once per layer, window attention;
+    ``inside``: the projections run inside the attention function (kept: their input only)."""
     kind = _KINDS[type(self).__name__]
     bnw, n, c = hidden_states.shape  # (B * nW, N, C)
     nw = 1 if attention_mask is None else attention_mask.shape[0]
     heads, d = _heads(self)
-    q, k, v = (getattr(self, name)(hidden_states).view(bnw // nw, nw, n, heads, d).transpose(2, 3)
-               for name in kind.projections)  # (B, nW, H, N, d)
-    if kind.continuous:  # Swin V2: cosine attention, q and k normalised inside window_attention
+    if kind.continuous:  # Swin V2: cosine attention, q and k normalised inside the attention function
         cosine_scale, scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp().view(-1), None  # (H,)
         bias = _continuous_bias(self)  # (H, N, N)
     else:
@@ -128,8 +130,15 @@ def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | No
         bias = bias + kind.mask_repeats * attention_mask[:, None].to(bias.dtype)  # (nW, H, N, N): once per layer
     dropout = getattr(self, "attention_dropout", None)
     dropout = self.dropout.p if dropout is None else dropout
-    out = window_attention(q, k, v, bias.to(q.dtype), scale=scale, cosine_scale=cosine_scale,
-                           dropout_p=dropout if self.training else 0.0, training=self.training)  # (B, nW, H, N, d)
+    options = dict(scale=scale, cosine_scale=cosine_scale, dropout_p=dropout if self.training else 0.0, training=self.training)
+    x = hidden_states.view(bnw // nw, nw, n, c)  # (B, nW, N, C)
+    projections = [getattr(self, name) for name in kind.projections]
+    if inside:
+        out = projected_window_attention(x, [p.weight for p in projections], [p.bias for p in projections],
+                                         bias.to(x.dtype), heads=heads, **options)  # (B, nW, N, C)
+        return out.view(bnw, n, -1)  # (B * nW, N, C)
+    q, k, v = (p(x).view(bnw // nw, nw, n, heads, d).transpose(2, 3) for p in projections)  # (B, nW, H, N, d)
+    out = window_attention(q, k, v, bias.to(q.dtype), **options)  # (B, nW, H, N, d)
     return out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C): a view of the fused path's output
 
 

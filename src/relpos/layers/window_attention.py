@@ -34,11 +34,18 @@ from ..backends._denormals import flushing
 from ..encodings.window_bias import ContinuousPositionBias, FactorizedRelativePositionBias, RelativePositionBias
 from ..encodings.windows import normalize_window_size
 
-__all__ = ["PositionBiasKind", "window_partition", "window_merge", "shift_mask", "window_attention", "WindowAttention"]
+__all__ = [
+    "PositionBiasKind", "window_partition", "window_merge", "shift_mask", "window_attention", "projected_window_attention",
+    "WindowAttention",
+]
 
 PositionBiasKind = Literal["table", "factorized", "continuous", "none"]
 SWIN_MASK_VALUE = -100.0  # Swin, timm and transformers' value between shifted regions
 _CHUNK_SCORES = 1 << 22  # scores recomputed at once in the backward (16 MiB in fp32)
+# the projections run as one matmul with the three weights stacked when the rows outnumber this many
+# times the channels: stacking copies 3 C^2 weights and saves on a (M, C) x (C, C) product whose C is
+# small (Swin stage 0, M = 8192, C = 96: 3.1 against 5.7 ms; at M = 128, C = 768 the copy costs more)
+_STACK_ROWS_PER_CHANNEL = 16
 _NORM_EPS = 1e-12  # F.normalize's eps: Swin V2's cosine attention (transformers, timm) uses the default
 
 
@@ -127,67 +134,140 @@ def shift_mask(
     return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill(different, mask_value)
 
 
-class _WindowSDPA(torch.autograd.Function):
-    """Flash-kernel forward; a backward that recomputes the window probabilities, in chunks of windows.
+def _forward(q, k, v, bias, scale, cosine_scale) -> tuple[torch.Tensor, tuple | None]:
+    """Window attention through SDPA's CPU flash kernel: ``(B, nW, H, N, d)`` in any strides ->
+    ``(B, nW, N, H, dv)`` (token-major). The kernel reads strided rows, so views of the projections
+    go in uncopied, and writes its output token-major, the layout the output projection reads.
+    ``bias`` ``(W, H, N, N)``: ``W`` 1 (one bias for every window: one call over all windows) or
+    ``nW`` (one per window, the shift mask: one call per image). Also returns, for cosine attention,
+    the norms of q and k ``(B, nW, H, N, 1)`` (a ``d``-th of their size: kept, not recomputed)."""
+    b, nw, h, n, _ = q.shape
+    norms = None
+    if cosine_scale is not None:
+        (q, q_norm), (k, k_norm) = _unit(q, cosine_scale), _unit(k)  # (B, nW, H, N, d): temporaries
+        norms = (q_norm, k_norm)
+    groups = [t.flatten(0, 1) for t in (q, k, v)]  # (B * nW, H, N, d), views
+    step = nw if bias.shape[0] > 1 else b * nw  # windows per kernel call: the bias broadcasts over them
+    with flushing(q):  # a shift mask of -100 puts probabilities in the denormal range (relpos.backends._denormals)
+        outs = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *(t[i : i + step] for t in groups), 0.0, False, attn_mask=bias, scale=scale)[0].transpose(1, 2)
+            for i in range(0, b * nw, step)]  # (step, N, H, dv) each
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (B * nW, N, H, dv)
+    return out.view(b, nw, n, h, -1), norms  # (B, nW, N, H, dv)
 
-    q, k, v come as ``(B, nW, H, N, d)`` in any strides and reach the kernel as they are (it reads
-    strided rows: views of the projections are neither copied nor kept twice); the kernel writes
-    its output token-major, ``(B, nW, N, H, d)``, the layout the output projection reads, so the
-    caller's ``transpose`` back is a view. Only q, k, v (as given) and the bias are kept: the
-    backward recomputes each chunk's probabilities with one ``softmax`` (a window row is short, so
-    this is one pass over the scores) and takes ``softmax``'s own backward. ``bias`` is
-    ``(W, H, N, N)`` with ``W`` 1 (one bias for every window: one kernel call over all windows) or
-    ``nW`` (one per window, the shift mask: one call per image). With ``cosine_scale`` (H,), q and
-    k are normalised inside (recomputed in the backward, not kept) and q scaled per head.
-    """
+
+def _backward(q, k, v, bias, scale, cosine_scale, norms, grad_out, need_bias, grads=None):
+    """Gradients of :func:`_forward` for q, k, v (written into ``grads``, by default new token-major
+    tensors seen as ``(B, nW, H, N, d)``), the bias and the cosine scale. Each chunk of windows recomputes its probabilities with one
+    ``softmax`` (a window's row is short: one pass over the scores) and takes softmax's own backward."""
+    w, h, n = bias.shape[:3]
+    if grads is None:  # written token-major: (B, nW, H, N, d) views of (B, nW, N, H, d)
+        grads = [_token_major_like(t) for t in (q, k, v)]
+    parts = [t.flatten(0, 1) for t in (q, k, v, *grads, *(norms or ()))] + [grad_out.flatten(0, 1).transpose(1, 2)]
+    grad_bias = grad_scale = None
+    step = w * max(1, _CHUNK_SCORES // (w * h * n * n))  # windows whose scores are recomputed at once
+    with flushing(q):
+        for i in range(0, parts[0].shape[0], step):
+            qc, kc, vc, *dst, gc = (t[i : i + step] for t in parts)  # (g, H, N, d); norms (g, H, N, 1)
+            dst, norm_chunks = dst[:3], dst[3:]
+            g = qc.shape[0]
+            if cosine_scale is None:
+                q3, k3 = (qc * scale).reshape(g * h, n, -1), kc.reshape(g * h, n, -1)  # (gH, N, d)
+            else:
+                q_norm, k_norm = norm_chunks
+                q3, k3 = _unit(qc, cosine_scale, norm=q_norm)[0], _unit(kc, norm=k_norm)[0]  # contiguous
+                q3, k3 = q3.view(g * h, n, -1), k3.view(g * h, n, -1)  # (gH, N, d): as in the forward
+            gq, gk, gv, gb = _window_grads(q3, k3, vc.reshape(g * h, n, -1), gc.reshape(g * h, n, -1), bias,
+                                           need_bias)  # (gH, N, d) x 3, (W, H, N, N)
+            gq, gk = gq.view(g, h, n, -1), gk.view(g, h, n, -1)  # gradients of the kernel's q, k
+            if cosine_scale is None:
+                dst[0].copy_(gq.mul_(scale))
+                dst[1].copy_(gk)
+            else:
+                gs = _unit_backward(gq, q3.view(g, h, n, -1), q_norm, cosine_scale, out=dst[0])  # (H,)
+                _unit_backward(gk, k3.view(g, h, n, -1), k_norm, None, out=dst[1])
+                grad_scale = gs if grad_scale is None else grad_scale.add_(gs)
+            dst[2].copy_(gv.view(g, h, n, -1))  # into the token-major gradients
+            if gb is not None:
+                grad_bias = gb if grad_bias is None else grad_bias.add_(gb)
+    return (*grads, grad_bias, grad_scale)
+
+
+class _WindowSDPA(torch.autograd.Function):
+    """:func:`_forward` keeping only q, k, v as given (views of the projections: no copies) and the
+    bias; no probabilities, no normalised q or k."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, scale, cosine_scale):  # q, k, v (B, nW, H, N, d); bias (W, H, N, N)
-        b, nw, h, n, _ = q.shape
-        ctx.save_for_backward(q, k, v, bias, cosine_scale)  # q, k, v as given: no copies kept
-        qs, ks = (q, k) if cosine_scale is None else (_unit(q, cosine_scale)[0], _unit(k)[0])  # temporaries
-        groups = [t.flatten(0, 1) for t in (qs, ks, v)]  # (B * nW, H, N, d), views
-        step = nw if bias.shape[0] > 1 else b * nw  # windows per kernel call: the bias broadcasts over them
-        with flushing(q):  # a shift mask of -100 puts probabilities in the denormal range (relpos.backends._denormals)
-            outs = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                *(t[i : i + step] for t in groups), 0.0, False, attn_mask=bias, scale=scale)[0].transpose(1, 2)
-                for i in range(0, b * nw, step)]  # (step, N, H, dv) each
+        out, norms = _forward(q, k, v, bias, scale, cosine_scale)  # (B, nW, N, H, dv)
+        ctx.save_for_backward(q, k, v, bias, cosine_scale, *(norms or ()))
         ctx.scale = scale
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (B * nW, N, H, dv): token-major
-        return out.view(b, nw, n, h, -1)  # (B, nW, N, H, dv)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):  # grad_out (B, nW, N, H, dv)
-        q, k, v, bias, cosine_scale = ctx.saved_tensors
-        w, h, n = bias.shape[:3]
-        grads = [_token_major_like(t) for t in (q, k, v)]  # (B, nW, H, N, d) views of (B, nW, N, H, d)
-        parts = [t.flatten(0, 1) for t in (q, k, v, *grads)] + [grad_out.flatten(0, 1).transpose(1, 2)]
-        grad_bias = grad_scale = None
-        step = w * max(1, _CHUNK_SCORES // (w * h * n * n))  # windows whose scores are recomputed at once
-        with flushing(q):
-            for i in range(0, parts[0].shape[0], step):
-                qc, kc, vc, *dst, gc = (t[i : i + step] for t in parts)  # (g, H, N, d)
-                g = qc.shape[0]
-                if cosine_scale is None:
-                    q3, k3 = (qc * ctx.scale).reshape(g * h, n, -1), kc.reshape(g * h, n, -1)  # (gH, N, d)
-                else:
-                    (q3, q_norm), (k3, k_norm) = _unit(qc, cosine_scale, contiguous=True), _unit(kc, contiguous=True)
-                    q3, k3 = q3.view(g * h, n, -1), k3.view(g * h, n, -1)  # (gH, N, d): as in the forward
-                gq, gk, gv, gb = _window_grads(q3, k3, vc.reshape(g * h, n, -1), gc.reshape(g * h, n, -1), bias,
-                                               ctx.needs_input_grad[3])  # (gH, N, d) x 3, (W, H, N, N)
-                gq, gk = gq.view(g, h, n, -1), gk.view(g, h, n, -1)  # gradients of the kernel's q, k
-                if cosine_scale is None:
-                    dst[0].copy_(gq.mul_(ctx.scale))
-                    dst[1].copy_(gk)
-                else:
-                    gs = _unit_backward(gq, q3.view(g, h, n, -1), q_norm, cosine_scale, out=dst[0])  # (H,)
-                    _unit_backward(gk, k3.view(g, h, n, -1), k_norm, None, out=dst[1])
-                    grad_scale = gs if grad_scale is None else grad_scale.add_(gs)
-                dst[2].copy_(gv.view(g, h, n, -1))  # into the token-major gradients
-                if gb is not None:
-                    grad_bias = gb if grad_bias is None else grad_bias.add_(gb)
-        grad_scale = None if grad_scale is None else grad_scale.to(cosine_scale.dtype)
-        return (*grads, grad_bias, None, grad_scale)
+        q, k, v, bias, cosine_scale, *norms = ctx.saved_tensors
+        gq, gk, gv, grad_bias, grad_scale = _backward(q, k, v, bias, ctx.scale, cosine_scale, norms, grad_out,
+                                                      ctx.needs_input_grad[3])
+        return gq, gk, gv, grad_bias, None, grad_scale
+
+
+class _ProjectedWindowSDPA(torch.autograd.Function):
+    """The q, k, v projections (one matmul with the three weights stacked) and :func:`_forward`, keeping
+    only the projections' input: the backward projects again instead of keeping q, k and v."""
+
+    @staticmethod
+    def forward(ctx, x, wq, bq, wk, bk, wv, bv, bias, scale, cosine_scale, heads):  # x (B, nW, N, C)
+        out, norms = _forward(*_project(x, (wq, bq, wk, bk, wv, bv), heads), bias, scale, cosine_scale)  # (B, nW, N, H, dv)
+        ctx.save_for_backward(x, wq, bq, wk, bk, wv, bv, bias, cosine_scale, *(norms or ()))
+        ctx.scale, ctx.heads = scale, heads
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out (B, nW, N, H, dv)
+        x, *params, bias, cosine_scale = ctx.saved_tensors[:9]
+        norms = ctx.saved_tensors[9:]
+        q, k, v = _project(x, params, ctx.heads)  # (B, nW, H, N, d), recomputed
+        b, nw, n, c = x.shape
+        sizes = [w.shape[0] for w in params[0::2]]  # C' of q, k, v
+        grad_qkv = x.new_empty(b, nw, n, sum(sizes))  # (B, nW, N, 3C'): the gradients of q, k, v side by side
+        views = [g.view(b, nw, n, ctx.heads, -1).transpose(2, 3) for g in grad_qkv.split(sizes, -1)]  # (B, nW, H, N, d)
+        *_, grad_bias, grad_scale = _backward(q, k, v, bias, ctx.scale, cosine_scale, norms, grad_out, ctx.needs_input_grad[7],
+                                             grads=views)
+        g2, x2 = grad_qkv.view(-1, sum(sizes)), x.reshape(-1, c)  # (M, 3C'), (M, C)
+        grad_x = _project_back(g2, params[0::2], sizes).view(x.shape) if ctx.needs_input_grad[0] else None  # (B, nW, N, C)
+        grad_w = (g2.t() @ x2).split(sizes) if any(ctx.needs_input_grad[1:7:2]) else (None,) * 3  # 3 x (C', C)
+        grad_b = g2.sum(0).split(sizes)  # 3 x (C',)
+        weight_grads = []
+        for i, (gw, gb, b_) in enumerate(zip(grad_w, grad_b, params[1::2])):
+            weight_grads += [gw if ctx.needs_input_grad[1 + 2 * i] else None,
+                             gb if b_ is not None and ctx.needs_input_grad[2 + 2 * i] else None]
+        return (grad_x, *weight_grads, grad_bias, None, grad_scale, None)
+
+
+def _project(x: torch.Tensor, params, heads: int) -> list[torch.Tensor]:
+    """``(B, nW, N, C)`` -> q, k, v ``(B, nW, H, N, d)``, views of the projections (one matmul with the
+    weights stacked where the rows outnumber :data:`_STACK_ROWS_PER_CHANNEL` x C, three otherwise)."""
+    b, nw, n, c = x.shape
+    weights, biases = params[0::2], params[1::2]
+    if b * nw * n >= _STACK_ROWS_PER_CHANNEL * c:
+        stacked_bias = None if all(t is None for t in biases) else torch.cat(
+            [t if t is not None else w.new_zeros(w.shape[0]) for w, t in zip(weights, biases)])  # (3C',)
+        qkv = F.linear(x, torch.cat(weights), stacked_bias).split([w.shape[0] for w in weights], -1)  # 3 x (B, nW, N, C')
+    else:
+        qkv = [F.linear(x, w, t) for w, t in zip(weights, biases)]  # 3 x (B, nW, N, C')
+    return [t.view(b, nw, n, heads, -1).transpose(2, 3) for t in qkv]
+
+
+def _project_back(g2: torch.Tensor, weights, sizes) -> torch.Tensor:
+    """``(M, 3C') @ [Wq; Wk; Wv]``: the projections' input gradient ``(M, C)``, stacked as in :func:`_project`."""
+    if g2.shape[0] >= _STACK_ROWS_PER_CHANNEL * weights[0].shape[1]:
+        return g2 @ torch.cat(weights)  # (M, C)
+    parts = g2.split(sizes, -1)  # 3 x (M, C'), strided
+    out = parts[0] @ weights[0]  # (M, C)
+    for g, w in zip(parts[1:], weights[1:]):
+        out.addmm_(g, w)
+    return out
 
 
 def _token_major_like(t: torch.Tensor) -> torch.Tensor:
@@ -196,15 +276,15 @@ def _token_major_like(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(b, nw, n, h, d).transpose(2, 3)
 
 
-def _unit(x: torch.Tensor, scale: torch.Tensor | None = None, *, contiguous: bool = False):
-    """``F.normalize(x, dim=-1) * scale_h`` (``x * scale_h / max(|x|, 1e-12)``) and ``|x|`` ``(..., 1)``;
-    ``contiguous``: written in the standard layout (the backward's matmuls read it)."""
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., H, N, 1)
+def _unit(x: torch.Tensor, scale: torch.Tensor | None = None, *, norm: torch.Tensor | None = None):
+    """``F.normalize(x, dim=-1) * scale_h`` (``x * scale_h / max(|x|, 1e-12)``) and ``|x|`` ``(..., 1)``.
+    Given ``norm`` (the backward), the result is written in the standard layout, for its matmuls."""
+    given = norm is not None
+    norm = norm if given else torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., H, N, 1)
     factor = norm.clamp_min(_NORM_EPS).reciprocal()  # (..., H, N, 1)
     if scale is not None:
         factor = factor.mul_(scale.view(-1, 1, 1))
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if contiguous else None
-    return torch.mul(x, factor, out=out) if contiguous else x * factor, norm
+    return torch.mul(x, factor, out=torch.empty(x.shape, dtype=x.dtype, device=x.device)) if given else x * factor, norm
 
 
 def _unit_backward(grad, y, norm, scale, *, out):
@@ -291,22 +371,102 @@ def window_attention(
     if not (q.shape == k.shape and q.shape[:4] == v.shape[:4]):
         raise ValueError(f"q, k, v must share (B, nW, H, N) and q, k their d: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, nw, h, n, d = q.shape
-    if bias is not None:
-        check_tensor("bias", bias, shape="(nW | 1, H, N, N)")
-    if bias is not None and (bias.dim() != 4 or bias.shape[0] not in (1, nw) or tuple(bias.shape[1:]) != (h, n, n)):
-        raise ValueError(f"bias must be (nW or 1, H, N, N) = ({nw} or 1, {h}, {n}, {n}), got {tuple(bias.shape)}")
+    _check_bias(bias, nw, h, n)
     dropout_p = check_probability("dropout_p", dropout_p)
-    scale = check_scale("scale", scale)
-    if cosine_scale is not None:
-        cosine_scale, scale = _cosine_scale(cosine_scale, scale, h), 1.0  # (H,)
-    scale = d**-0.5 if scale is None else scale
+    scale, cosine_scale = _scales(scale, cosine_scale, h, d)
     if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
         return _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)
+    bias, cosine_scale = _fused_terms(bias, cosine_scale, q, h, n)
+    return _WindowSDPA.apply(q, k, v, bias, scale, cosine_scale).transpose(2, 3)  # (B, nW, H, N, dv)
+
+
+def projected_window_attention(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    bias: torch.Tensor | None = None,
+    *,
+    heads: int,
+    scale: float | None = None,
+    cosine_scale: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    fused: bool = True,
+) -> torch.Tensor:
+    """Window attention of the windows ``x`` ``(B, nW, N, C)`` through their q, k, v projections
+    (``F.linear(x, weights[i], biases[i])``, split into ``heads``), keeping only ``x`` for the
+    backward: ``(B, nW, N, H * dv)``, the input of the output projection.
+
+    The same attention as :func:`window_attention` on the three projections (``bias``, ``scale``,
+    ``cosine_scale``, dropout as there); the fused path recomputes the projections in the backward
+    (three matmuls) instead of keeping q, k and v: three ``(B, nW, N, C)`` tensors less per layer in
+    training. Other paths (GPU, low precision, attention dropout) project and keep as autograd does.
+    """
+    check_tensor("x", x, shape="(B, nW, N, C)")
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, nW, N, C) (4 dims), got shape {tuple(x.shape)}")
+    heads = check_int("heads", heads, minimum=1)
+    params = _projection_params(weights, biases, x.shape[-1], heads)
+    b, nw, n, _ = x.shape
+    d = params[0].shape[0] // heads
+    _check_bias(bias, nw, heads, n)
+    dropout_p = check_probability("dropout_p", dropout_p)
+    scale, cosine_scale = _scales(scale, cosine_scale, heads, d)
+    if not (check_bool("fused", fused) and _fusable(x, dropout_p, check_bool("training", training))):
+        q, k, v = _project(x, params, heads)  # (B, nW, H, N, d)
+        out = _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)  # (B, nW, H, N, dv)
+        return out.transpose(2, 3).flatten(3)  # (B, nW, N, H * dv)
+    bias, cosine_scale = _fused_terms(bias, cosine_scale, x, heads, n)
+    out = _ProjectedWindowSDPA.apply(x, *params, bias, scale, cosine_scale, heads)  # (B, nW, N, H, dv)
+    return out.flatten(3)  # (B, nW, N, H * dv)
+
+
+def _check_bias(bias, nw: int, h: int, n: int) -> None:
     if bias is None:
-        bias = q.new_zeros(1, 1, n, n).expand(1, h, n, n)
-    heads_scale = None if cosine_scale is None else cosine_scale.to(q.dtype)  # (H,)
-    out = _WindowSDPA.apply(q, k, v, bias.to(q.dtype), scale, heads_scale)  # (B, nW, N, H, dv): broadcast, never copied per example
-    return out.transpose(2, 3)  # (B, nW, H, N, dv)
+        return
+    check_tensor("bias", bias, shape="(nW | 1, H, N, N)")
+    if bias.dim() != 4 or bias.shape[0] not in (1, nw) or tuple(bias.shape[1:]) != (h, n, n):
+        raise ValueError(f"bias must be (nW or 1, H, N, N) = ({nw} or 1, {h}, {n}, {n}), got {tuple(bias.shape)}")
+
+
+def _scales(scale, cosine_scale, h: int, d: int) -> tuple[float, torch.Tensor | None]:
+    """The dot-product scale (``d ** -0.5`` by default; 1 for cosine attention) and the cosine scale ``(H,)``."""
+    scale = check_scale("scale", scale)
+    if cosine_scale is None:
+        return (d**-0.5 if scale is None else scale), None
+    check_tensor("cosine_scale", cosine_scale, shape="(H,)")
+    if cosine_scale.numel() != h or cosine_scale.dim() not in (1, 3) or not cosine_scale.is_floating_point():
+        raise ValueError(f"cosine_scale must be a floating (H,) or (H, 1, 1) tensor with H = {h}, "
+                         f"got {cosine_scale.dtype} of shape {tuple(cosine_scale.shape)}")
+    if scale is not None:
+        raise ValueError(f"scale must be None with cosine_scale (cosine scores are scaled by cosine_scale alone), got {scale}")
+    return 1.0, cosine_scale.reshape(h)
+
+
+def _fused_terms(bias, cosine_scale, like: torch.Tensor, h: int, n: int):
+    """The fused path's bias ``(W, H, N, N)`` (zeros broadcast if none) and cosine scale, in ``like``'s dtype."""
+    bias = like.new_zeros(1, 1, n, n).expand(1, h, n, n) if bias is None else bias.to(like.dtype)
+    return bias, None if cosine_scale is None else cosine_scale.to(like.dtype)
+
+
+def _projection_params(weights, biases, c: int, heads: int) -> list:
+    """``[wq, bq, wk, bk, wv, bv]`` checked: 2-D weights reading ``C`` channels, q and k alike, every
+    output a multiple of ``heads``, biases ``None`` or matching their weight."""
+    if not isinstance(weights, (list, tuple)) or len(weights) != 3 or not isinstance(biases, (list, tuple)) or len(biases) != 3:
+        raise TypeError(f"weights and biases must be sequences of three (q, k, v), got {type(weights).__name__} "
+                        f"and {type(biases).__name__}")
+    params = []
+    for name, w, bias in zip("qkv", weights, biases):
+        check_tensor(f"weights[{name}]", w, shape="(C', C)")
+        if w.dim() != 2 or w.shape[1] != c or w.shape[0] % heads:
+            raise ValueError(f"weights[{name}] must be (C', C) with C = {c} and C' a multiple of heads = {heads}, "
+                             f"got shape {tuple(w.shape)}")
+        if bias is not None and (check_tensor(f"biases[{name}]", bias, shape="(C',)").shape != w.shape[:1]):
+            raise ValueError(f"biases[{name}] must be None or ({w.shape[0]},), got shape {tuple(bias.shape)}")
+        params += [w, bias]
+    if params[0].shape != params[2].shape:
+        raise ValueError(f"the q and k weights must have one shape, got {tuple(params[0].shape)} and {tuple(params[2].shape)}")
+    return params
 
 
 def _cosine_scale(cosine_scale, scale: float | None, heads: int) -> torch.Tensor:
