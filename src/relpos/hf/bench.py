@@ -78,8 +78,9 @@ class Builder:
 
     ``decoder_only``: generation pads on the left; ``sdpa``: transformers has an sdpa path; ``alibi``:
     an ALiBi family (no attention interface: its floor swaps relpos's attention for plain SDPA);
-    ``extra(batch, length)``: further inputs the model needs (UDOP's boxes); ``generate``: False
-    where ``generate`` needs inputs this benchmark does not make (Pop2Piano's audio features); ``floor``:
+    ``extra(batch, length)``: further inputs the model needs (UDOP's boxes); ``generate_inputs(ids,
+    mask, config)``: the keyword arguments of ``generate`` where they are not ``input_ids`` and
+    ``attention_mask`` (Pop2Piano's audio features, Pix2Struct's image patches); ``floor``:
     False where swapping the attention function would not remove the bias (LongT5's encoder attention does not
     go through transformers' attention interface).
     """
@@ -89,7 +90,7 @@ class Builder:
     sdpa: bool = True
     alibi: bool = False
     extra: Callable | None = None
-    generate: bool = True
+    generate_inputs: Callable | None = None
     floor: bool = True
 
 
@@ -153,25 +154,48 @@ def _decoder(config_name: str, base_name: str, lm_name: str, fields: Callable):
 
 
 def _pix2struct(mode: str, config: ModelBenchConfig):
-    """Pix2Struct's text decoder (its relative bias; the vision encoder has none), built inside the full model."""
+    """Pix2Struct's text decoder (its relative bias; the vision encoder has none), built inside the full
+    model; ``generate``: the image-to-text model (a one-layer vision encoder over 16 patches)."""
     import transformers
 
+    d, h = config.d_model, config.heads
     text = dict(
-        vocab_size=VOCAB, hidden_size=config.d_model, d_kv=config.d_model // config.heads, num_heads=config.heads,
-        d_ff=2 * config.d_model, num_layers=1 if mode == "layer" else config.layers, dropout_rate=0.1,
-        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        vocab_size=VOCAB, hidden_size=d, d_kv=d // h, num_heads=h, d_ff=2 * d,
+        num_layers=1 if mode == "layer" else config.layers, dropout_rate=0.1, pad_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0,
     )
-    vision = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, d_ff=64, d_kv=16)
+    vision = dict(hidden_size=d, num_attention_heads=h, num_hidden_layers=1, d_ff=2 * d, d_kv=d // h)
     full = transformers.Pix2StructForConditionalGeneration(transformers.Pix2StructConfig(text_config=text, vision_config=vision))
-    return full.decoder  # a Pix2StructTextModel
+    return full if mode == "generate" else full.decoder  # the decoder alone: a Pix2StructTextModel
+
+
+def _pix2struct_generate(ids, mask, config: ModelBenchConfig) -> dict:
+    """16 image patches (row, column, pixels) and the decoder prompt, left-padded, as the prefix."""
+    g = torch.Generator().manual_seed(ids.shape[1])
+    batch, pixels = ids.shape[0], 16 * 16 * 3  # Pix2Struct's patch_embed_hidden_size (16 x 16 RGB patches)
+    rows = torch.randint(0, 16, (batch, 16, 2), generator=g).float()  # (B, P, 2)
+    patches = torch.cat([rows, torch.randn(batch, 16, pixels, generator=g)], -1).to(ids.device)  # (B, P, 2 + pixels)
+    return {"flattened_patches": patches, "attention_mask": torch.ones(batch, 16, dtype=torch.long, device=ids.device),
+            "decoder_input_ids": ids, "decoder_attention_mask": mask}
 
 
 def _pop2piano(mode: str, config: ModelBenchConfig):
-    """Pop2Piano's encoder (T5 attention with a relative bias); its generate needs audio features."""
-    import transformers
+    """Pop2Piano's encoder (T5 attention with a relative bias); ``generate``: the whole model, MIDI tokens
+    from audio features (composer tokens at the top of the vocabulary, as the checkpoint's generation config)."""
+    model = _seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration", "Pop2PianoForConditionalGeneration")(
+        mode, config)
+    if mode != "generate":
+        return model.get_encoder()
+    composers = model.config.composer_vocab_size  # transformers wants one token per composer
+    model.generation_config.composer_to_feature_token = {f"composer{i + 1}": VOCAB - composers + i for i in range(composers)}
+    return model
 
-    return _seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration", "Pop2PianoForConditionalGeneration")(
-        mode, config).get_encoder()
+
+def _pop2piano_generate(ids, mask, config: ModelBenchConfig) -> dict:
+    """Audio features ``(B, L, d_model)`` (what Pop2Piano's feature extractor hands the model) with the padding mask."""
+    g = torch.Generator().manual_seed(ids.shape[1])
+    features = torch.randn(*ids.shape, config.d_model, generator=g).to(ids.device, getattr(torch, config.dtype))
+    return {"input_features": features, "attention_mask": mask, "composer": "composer1"}
 
 
 def _udop_boxes(batch: int, length: int) -> dict:
@@ -193,8 +217,8 @@ BUILDERS: dict[str, Builder] = {
     "switch_transformers": Builder(_seq2seq("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
                                             "SwitchTransformersForConditionalGeneration", num_experts=4,
                                             expert_capacity=4096), sdpa=False),
-    "pop2piano": Builder(_pop2piano, generate=False),
-    "pix2struct": Builder(_pix2struct, decoder_only=True, generate=False),
+    "pop2piano": Builder(_pop2piano, generate_inputs=_pop2piano_generate),
+    "pix2struct": Builder(_pix2struct, decoder_only=True, generate_inputs=_pix2struct_generate),
     "udop": Builder(_seq2seq("UdopConfig", "UdopEncoderModel", "UdopForConditionalGeneration"), extra=_udop_boxes),
     "longt5": Builder(_seq2seq("LongT5Config", "LongT5EncoderModel", "LongT5ForConditionalGeneration"), sdpa=False,
                       floor=False),  # local attention (transformers' default): local_radius 127, blocks of 128
@@ -246,8 +270,7 @@ def _output(out):
     return out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out.logits
 
 
-def _step(mode: str, model, ids, mask, new_tokens: int, extra: dict, floor: bool):
-    kwargs = {"input_ids": ids, "attention_mask": mask, **extra}
+def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool):
     if mode == "train":
 
         def run():
@@ -300,14 +323,11 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
     fixed = fix_mmap_threshold() if not config.cuda else None
     builder = BUILDERS[config.family]
     names = _variant_names(builder)
-    modes = [m for m in config.modes if m != "generate" or builder.generate]
+    modes = list(config.modes)
     refused = _refusal(config)
     plan = [(m, b, n) for m in modes for b in config.batches for n in config.lengths] if refused is None else []
     progress = Progress(len(plan) * len(names) * config.rounds)
     results = []
-    for mode in sorted(set(config.modes) - set(modes)):
-        results.append({"mode": mode, "variant": "all", "ms": None, "peak_mib": None,
-                        "note": f"skipped: {config.family} generate needs inputs this benchmark does not build"})
     for mode in modes if refused is None else ():
         models = _models(config, mode)
         left = builder.decoder_only and mode == "generate"
@@ -315,11 +335,14 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
             for length in config.lengths:
                 ids, mask = _inputs(batch, length, left, config.device)
                 extra = {k: v.to(config.device) for k, v in (builder.extra(batch, length) if builder.extra else {}).items()}
+                kwargs = {"input_ids": ids, "attention_mask": mask, **extra}
+                if mode == "generate" and builder.generate_inputs is not None:
+                    kwargs = builder.generate_inputs(ids, mask, config)
                 variants = {}
                 for name, model in models.items():
                     if _fits(name, mode, batch, length, config):
                         floor = name == "no_bias_floor" and builder.alibi
-                        variants[name] = _step(mode, model, ids, mask, config.new_tokens, extra, floor)
+                        variants[name] = _step(mode, model, kwargs, config.new_tokens, floor)
                     else:
                         results.append({"mode": mode, "batch": batch, "length": length, "variant": name,
                                         "ms": None, "peak_mib": None, "note": "skipped: over the memory limit"})

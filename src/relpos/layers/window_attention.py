@@ -158,8 +158,9 @@ def _forward(q, k, v, bias, scale, cosine_scale) -> tuple[torch.Tensor, tuple | 
 
 def _backward(q, k, v, bias, scale, cosine_scale, norms, grad_out, need_bias, grads=None):
     """Gradients of :func:`_forward` for q, k, v (written into ``grads``, by default new token-major
-    tensors seen as ``(B, nW, H, N, d)``), the bias and the cosine scale. Each chunk of windows recomputes its probabilities with one
-    ``softmax`` (a window's row is short: one pass over the scores) and takes softmax's own backward."""
+    tensors seen as ``(B, nW, H, N, d)``), the bias and the cosine scale. Each chunk of windows
+    recomputes its probabilities with one ``softmax`` (a window's row is short: one pass over the
+    scores) and takes softmax's own backward."""
     w, h, n = bias.shape[:3]
     if grads is None:  # written token-major: (B, nW, H, N, d) views of (B, nW, N, H, d)
         grads = [_token_major_like(t) for t in (q, k, v)]
@@ -237,7 +238,7 @@ class _ProjectedWindowSDPA(torch.autograd.Function):
         g2, x2 = grad_qkv.view(-1, sum(sizes)), x.reshape(-1, c)  # (M, 3C'), (M, C)
         grad_x = _project_back(g2, params[0::2], sizes).view(x.shape) if ctx.needs_input_grad[0] else None  # (B, nW, N, C)
         grad_w = (g2.t() @ x2).split(sizes) if any(ctx.needs_input_grad[1:7:2]) else (None,) * 3  # 3 x (C', C)
-        grad_b = g2.sum(0).split(sizes)  # 3 x (C',)
+        grad_b = g2.sum(0).split(sizes) if any(ctx.needs_input_grad[2:7:2]) else (None,) * 3  # 3 x (C',)
         weight_grads = []
         for i, (gw, gb, b_) in enumerate(zip(grad_w, grad_b, params[1::2])):
             weight_grads += [gw if ctx.needs_input_grad[1 + 2 * i] else None,
