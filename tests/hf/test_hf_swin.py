@@ -218,6 +218,30 @@ def test_recompute_activations_equal_gradients_and_restorable(family):
     assert not any("_relpos_recompute" in vars(m) or "forward" in vars(m) for m in fast.modules())
 
 
+def test_recompute_activations_with_wrapped_projections_checkpoints_the_branch(monkeypatch):
+    """Projections that are not plain nn.Linear (an adapter's wrapper) cannot go inside the fused function:
+    the branch runs in a checkpoint instead, with the same outputs and gradients."""
+
+    class Wrapped(torch.nn.Linear):  # e.g. a LoRA layer: a Linear subclass with its own forward
+        pass
+
+    model = _model("swinv2", 36, 4)
+    fast = rh.recompute_activations(rh.accelerate(copy.deepcopy(model)))
+    for module in fast.modules():
+        if type(module).__name__ == "Swinv2SelfAttention":
+            module.value.__class__ = Wrapped
+    calls = []
+    real = rh.swin.checkpoint
+    monkeypatch.setattr(rh.swin, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
+    ref, ref_grads = _run(model, pixels)
+    out, grads = _run(fast, pixels)
+    assert len(calls) == 4  # every layer's attention branch
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
 def test_recompute_activations_keeps_less_and_can_be_switched_off():
     """Kept for the backward (Swin V2, batch 4): transformers > accelerated > accelerated + recompute."""
     model = _model("swinv2", 32, 4)

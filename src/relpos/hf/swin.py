@@ -231,10 +231,11 @@ def recompute_activations(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Trade time for memory in training: keep only each window attention's and MLP activation's input.
 
     ``model`` must be accelerated (:func:`relpos.hf.accelerate`). With ``enabled``, every Swin /
-    Swin V2 / Donut Swin attention branch recomputes its projections, normalisation, bias and window
-    attention in the backward instead of keeping them, and each MLP keeps its pre-activation only
-    (the activation is recomputed); outputs and gradients are unchanged (tested against the
-    unmodified models). Measured on a Swin V2 tiny-like model (docs/bench-swin.md).
+    Swin V2 / Donut Swin attention branch keeps only its input (the q, k, v projections run inside
+    :func:`relpos.projected_window_attention` and are recomputed in the backward: three matmuls) and
+    each MLP keeps its pre-activation only (the activation is recomputed); outputs and gradients are
+    unchanged (tested against the unmodified models). Measured on a Swin V2 tiny-like model
+    (docs/bench-swin.md).
     ``enabled=False`` or :func:`relpos.hf.restore` removes it.
     """
     enabled = check_bool("enabled", enabled)
