@@ -348,8 +348,11 @@ def test_restore(family):
     attentions = [m for m in accelerated.modules() if type(m).__name__ in rh.FAMILIES[family].attention_classes]
     assert attentions and all("forward" in vars(m) for m in attentions)
     assert rh.accelerate(accelerated) is accelerated  # twice: a no-op
+    assert "set_attn_implementation" in vars(accelerated)
     rh.restore(accelerated)
     assert not rh.is_accelerated(accelerated) and not any("forward" in vars(m) for m in attentions)
+    assert not any("set_attn_implementation" in vars(m) for m in accelerated.modules())
+    assert not any(m._forward_pre_hooks for m in accelerated.modules())  # MPT's per-block flag hooks
     assert accelerated.config._attn_implementation == reference.config._attn_implementation
     with torch.no_grad():
         assert torch.equal(accelerated(input_ids=ids, attention_mask=mask).logits,
@@ -377,15 +380,133 @@ def test_output_attentions(family):
         a = reference(input_ids=ids, attention_mask=mask, output_attentions=family != "falcon")
         b = accelerated(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert_close(b.logits, a.logits)
-    if family == "mpt":  # MptBlock never tells its attention that weights are wanted
-        assert all(w is None for w in b.attentions)
-    elif family == "falcon":  # transformers' eager Falcon adds ALiBi twice (in the layer and in the merged mask)
-        assert len(b.attentions) == 2 and all(w.shape == (3, 4, 40, 40) for w in b.attentions)
-        assert all(torch.allclose(w.sum(-1), torch.ones(3, 4, 40)) for w in b.attentions)
-        assert all(bool((w[2].triu(1) == 0).all()) for w in b.attentions)  # causal (example 2 has no padding)
+    if family == "falcon":  # transformers' eager Falcon adds ALiBi twice (in the layer and in the merged mask)
+        expected = falcon_weights_with_alibi_once(reference, {"input_ids": ids, "attention_mask": mask})
+        assert len(b.attentions) == len(expected) == 2
+        for w, e in zip(b.attentions, expected):
+            assert w.shape == (3, 4, 40, 40) and torch.allclose(w, e, atol=1e-5)
     else:
         for x, y in zip(a.attentions, b.attentions):
             assert_close(y, x, what="weights")
+
+
+def padded(length=40):
+    """The keyword arguments of :func:`batch` (left, right and no padding), labels left out."""
+    ids, mask, _ = batch(length=length)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def falcon_weights_with_alibi_once(reference, inputs):
+    """Each layer's weights from transformers' own eager ``FalconAttention``, given the layer's input (from the sdpa
+    model's run) and a causal + padding mask *without* the ALiBi that transformers' model merges into its mask
+    (its eager path adds the ALiBi in the layer as well): ``(B, H, L, L)`` per layer, ALiBi added once."""
+    seen = []
+
+    def record(module, args, kwargs):
+        seen.append((module, args[0], kwargs["alibi"]))
+
+    attentions = [m for m in reference.modules() if isinstance(m, modeling_falcon.FalconAttention)]
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in attentions]
+    with torch.no_grad():
+        reference(**inputs, output_attentions=False)  # the sdpa path: ALiBi once
+    for hook in hooks:
+        hook.remove()
+    keep = inputs["attention_mask"].bool()  # (B, L)
+    length = keep.shape[1]
+    visible = keep[:, None, None, :] & torch.ones(length, length, dtype=torch.bool).tril()  # (B, 1, L, L)
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    with torch.no_grad():  # output_attentions=True: the layer's eager branch, which returns its weights
+        return [type(m).forward(m, hidden, alibi, additive, output_attentions=True)[1] for m, hidden, alibi in seen]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_set_attn_implementation_switches_both_ways(family, monkeypatch):
+    """model.set_attn_implementation("eager", or "sdpa" where the family has it: Falcon) runs transformers' own layers
+    (its outputs under that implementation, Falcon's eager ALiBi-twice included: transformers' own set_attn_implementation
+    ignores the call for these families); "relpos_alibi" gives relpos's path again; other names are refused;
+    restore after a switch gives transformers' model back."""
+    reference, accelerated = pair(family)
+    inputs = padded()
+    hf_checks.switch_implementations(reference, accelerated, inputs, name=hf_alibi.MASK_NAME)
+    attention_class = type(next(m for m in accelerated.modules() if "forward" in vars(m)))
+
+    def theirs(self, *args, **kwargs):
+        raise AssertionError("transformers' attention forward ran")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_class, "forward", theirs)
+        with torch.no_grad():
+            accelerated(**inputs)  # relpos's path: the class forward never runs
+            accelerated.transformer.set_attn_implementation("eager")  # the base model's call switches the model too
+            assert accelerated.config._attn_implementation == "eager"
+            with pytest.raises(AssertionError, match="transformers' attention forward ran"):
+                accelerated(**inputs)
+    refused = ["flash_attention_2", "relpos"] + ([] if accelerated._supports_sdpa else ["sdpa"])
+    for name in refused:
+        with pytest.raises(ValueError, match=f"must be one of .*got '{name}'"):
+            accelerated.set_attn_implementation(name)
+    assert accelerated.config._attn_implementation == "eager"
+    hf_checks.restore_gives_transformers_back(reference, accelerated, inputs)
+    assert not any("set_attn_implementation" in vars(m) for m in accelerated.modules())
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_config_output_attentions_returns_transformers_weights(family):
+    """A model built with config.output_attentions=True returns every layer's weights, equal to transformers'. MPT:
+    transformers' MptBlock passes no flag to its attention (which always computes the weights); the accelerated MPT's
+    blocks record the flag they get for their attention."""
+    hf_checks.config_output_attentions(HEADS[family][1], CONFIGS[family](), padded(), names=("attentions",))
+    if family == "mpt":  # per call, False wins over the config's True (MptModel resolves it, the blocks record it)
+        reference, accelerated = pair(family, output_attentions=True)
+        with torch.no_grad():
+            a, b = reference(**padded(), output_attentions=False), accelerated(**padded(), output_attentions=False)
+        assert a.attentions is None and b.attentions is None
+        assert_close(b.logits, a.logits)
+
+
+def test_falcon_config_output_attentions_returns_every_layers_weights():
+    """config.output_attentions=True makes transformers build Falcon eager, which adds its ALiBi twice (logits ~2e-2
+    off its own sdpa path). The accelerated model returns every layer's weights with the ALiBi once (transformers'
+    own eager layer, given a mask without it) and the sdpa path's logits; switched to "eager" it is transformers'
+    eager model (weights and logits)."""
+    config = CONFIGS["falcon"]()
+    config.output_attentions = True
+    torch.manual_seed(0)
+    eager = HEADS["falcon"][1](config).eval()
+    assert eager.config._attn_implementation == "eager"
+    accelerated = rh.accelerate(copy.deepcopy(eager))
+    sdpa = hf_checks.under_implementation(eager, "sdpa")
+    inputs = padded()
+    with torch.no_grad():
+        ours, theirs = accelerated(**inputs), sdpa(**inputs, output_attentions=False)
+    assert_close(ours.logits, theirs.logits, what="logits")
+    expected = falcon_weights_with_alibi_once(sdpa, inputs)
+    assert len(ours.attentions) == len(expected) == 2
+    for w, e in zip(ours.attentions, expected):
+        assert w is not None and torch.allclose(w, e, atol=1e-5)
+    accelerated.set_attn_implementation("eager")
+    with torch.no_grad():
+        ours, theirs = accelerated(**inputs), eager(**inputs)
+    assert torch.allclose(ours.logits, theirs.logits, atol=1e-6)
+    assert all(torch.allclose(w, e, atol=1e-6) for w, e in zip(ours.attentions, theirs.attentions))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compile_fullgraph_with_a_padding_mask_and_compiled_generate(family):
+    """torch.compile(fullgraph=True) with left and right padding: no graph break (no data-dependent branch: compiled
+    Bloom takes its exact per-key path, left-padding rows are always blended in) and transformers' logits; a compiled
+    forward inside generate() with left padding and the KV cache gives transformers' tokens."""
+    torch._dynamo.reset()
+    reference, accelerated = pair(family)
+    inputs = padded()
+    compiled = torch.compile(accelerated, fullgraph=True, backend="eager")  # the capture is the test (inductor: above)
+    with torch.no_grad():
+        assert_close(compiled(**inputs).logits, reference(**inputs).logits)
+    ids, mask = inputs["input_ids"][[0, 2], :24], inputs["attention_mask"][[0, 2], :24]  # left padding only
+    accelerated.forward = torch.compile(accelerated.forward, fullgraph=True, backend="eager")  # tracing is the test
+    common = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(reference.generate(ids, **common), accelerated.generate(ids, **common))
 
 
 def untouched(model):

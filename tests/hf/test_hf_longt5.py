@@ -34,7 +34,7 @@ def test_logits_loss_gradients_and_generate_equal_transformers(attention_type):
     hf_checks.bias_matters(accelerated, inputs)
     hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
     prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
-    hf_checks.generate_equal(reference, accelerated, prompt, samplers=False)
+    hf_checks.generate_equal(reference, accelerated, prompt)
 
 
 def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):

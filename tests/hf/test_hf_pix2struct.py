@@ -60,7 +60,7 @@ def test_image_to_text_logits_loss_gradients_and_generate():
     hf_checks.bias_matters(accelerated, inputs)
     hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
     prompt = {"flattened_patches": inputs["flattened_patches"], "attention_mask": inputs["attention_mask"]}
-    hf_checks.generate_equal(reference, accelerated, prompt, steps=20, samplers=False)
+    hf_checks.generate_equal(reference, accelerated, prompt, steps=20)
 
 
 def test_text_model_left_and_right_padding():

@@ -36,7 +36,7 @@ def test_logits_loss_gradients_and_generate_equal_transformers():
     for model in (reference, accelerated):
         model.generation_config.composer_to_feature_token = {f"composer{i}": 90 + i for i in range(1, 5)}  # from the checkpoint
     prompt = {"input_features": inputs["input_features"], "attention_mask": inputs["attention_mask"]}
-    hf_checks.generate_equal(reference, accelerated, prompt, samplers=False)
+    hf_checks.generate_equal(reference, accelerated, prompt)
 
 
 def test_switching_output_attentions_bf16_tiles_and_restore(monkeypatch):

@@ -46,7 +46,7 @@ def test_logits_loss_gradients_and_generate_equal_transformers(image):
     hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
     if not image:
         prompt = {k: v for k, v in inputs.items() if k != "labels"}
-        hf_checks.generate_equal(reference, accelerated, prompt, samplers=False)
+        hf_checks.generate_equal(reference, accelerated, prompt)
 
 
 def test_encoder_model_and_layout_bias_matters():

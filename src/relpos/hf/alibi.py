@@ -12,10 +12,16 @@ class) and switches the model's masks to 2-D key padding masks ``(B, Lk)``:
    :func:`relpos.attention` with the ALiBi per offset (:class:`relpos.ALiBi` with the model's own
    slopes) or, where the model's ALiBi is not a function of the offset, its per-key values folded
    into one extra query/key channel (:func:`per_key_channel`). Neither builds ``(B, H, Lq, Lk)``.
+   Each instance forward reads the config's implementation at every call: under any other name it
+   runs the class's forward (transformers' own dense path, with the masks transformers then builds).
+3. Each ``PreTrainedModel`` of the model gets an instance ``set_attn_implementation`` (transformers'
+   own ignores the call for these families: they have no attention interface) that switches the
+   config between ``"eager"``, ``"sdpa"`` (where the family has it) and ``"relpos_alibi"``.
 
-:func:`patch_instances` returns the undo: the instance forwards deleted (the class's show through)
-and every config's attention implementation set back. The model gets its own copy of its config
-first: models built from one config object share it, and the others must keep transformers' masks. Parameters, buffers and the state dict are
+:func:`patch_instances` returns the undo: the instance forwards and ``set_attn_implementation``
+deleted (the class's show through) and every config's (and sub-config's) attention implementation
+set back. The model gets its own copy of its config first: models built from one config object
+share it, and the others must keep transformers' masks. Parameters, buffers and the state dict are
 untouched.
 
 Equalities this rests on (tested in tests/hf/test_hf_alibi.py against the unmodified models):
@@ -26,7 +32,8 @@ Equalities this rests on (tested in tests/hf/test_hf_alibi.py against the unmodi
   Bloom counts positions from each example's first real token, ``pos_j = j - first``.
 * A query row with no visible key (a left-padding position) gets, in transformers' eager code,
   the dtype's minimum on every score, hence uniform weights over all ``Lk`` keys: the mean of the
-  values. :func:`alibi_attention` returns exactly that (relpos itself returns zeros there).
+  values. :func:`alibi_attention` returns exactly that (relpos itself returns zeros there). Eagerly
+  only when some row is dead; under ``torch.compile`` always (``torch.where``: no data-dependent branch).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .._checks import check_choice
 from ..encodings.alibi import ALiBi
 from ..backends.dispatch import attention
 
@@ -83,21 +91,56 @@ def _own_configs(model: nn.Module) -> list:
     return list(copies.values())
 
 
+def _on_relpos_only(module: nn.Module, forward: Callable, config) -> Callable:
+    """``forward`` while ``config`` names relpos's implementation; the class's own forward under any other."""
+
+    def switched(*args, **kwargs):
+        if config._attn_implementation != MASK_NAME:  # set_attn_implementation("eager" | "sdpa"): transformers' path
+            return type(module).forward(module, *args, **kwargs)
+        return forward(*args, **kwargs)
+
+    return switched
+
+
+def _set_attn_implementation(model: nn.Module, configs: list) -> Callable:
+    """An instance ``set_attn_implementation``: ``"eager"``, ``"sdpa"`` (where the family has it) or relpos's name."""
+    choices = ("eager", "sdpa", MASK_NAME) if getattr(model, "_supports_sdpa", False) else ("eager", MASK_NAME)
+
+    def set_attn_implementation(attn_implementation: str, allow_all_kernels: bool = False) -> None:
+        check_choice(f"attn_implementation of an accelerated {type(model).__name__}", attn_implementation, choices)
+        for config in configs:
+            config._attn_implementation = attn_implementation  # sub-configs too (transformers' setter)
+
+    return set_attn_implementation
+
+
+def _implementations(config) -> dict:
+    """The attention implementation of ``config`` (key ``""``) and of each sub-config (MPT's ``attn_config``), in the
+    form transformers' setter takes back (its setter also sets every sub-config, to one name)."""
+    subs = {key: getattr(config, key)._attn_implementation for key in config.sub_configs if getattr(config, key, None)}
+    return {"": config._attn_implementation, **subs}
+
+
 def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Callable[[], None]:
     """Give each module its forward (an instance attribute) and the model 2-D padding masks; return the undo."""
     _register_masks()
     configs = _own_configs(model)
-    previous = [config._attn_implementation for config in configs]
+    previous = [_implementations(config) for config in configs]
     for module, forward in forwards.items():
-        module.forward = forward  # instance attribute: this model only, the class is untouched
+        module.forward = _on_relpos_only(module, forward, model.config)  # this model only, the class is untouched
+    models = [m for m in model.modules() if hasattr(type(m), "set_attn_implementation")]  # the PreTrainedModels
+    for sub in models:
+        sub.set_attn_implementation = _set_attn_implementation(sub, configs)
     for config in configs:
         config._attn_implementation = MASK_NAME
 
     def undo() -> None:
         for module in forwards:
             del module.forward  # the class's forward shows through again
-        for config, name in zip(configs, previous):
-            config._attn_implementation = name  # the model keeps its own copy of the config
+        for sub in models:
+            del sub.set_attn_implementation
+        for config, names in zip(configs, previous):
+            config._attn_implementation = names  # the model keeps its own copy of the config
 
     return undo
 
@@ -238,6 +281,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None and bool(dead.any()):
+    if dead is not None and (torch.compiler.is_compiling() or bool(dead.any())):  # compiled: no data-dependent branch
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None

@@ -6,7 +6,9 @@ real token (``attention_mask.cumsum``), with ``baddbmm(beta=1, alpha=1/sqrt(d))`
 :func:`relpos.hf.alibi.alibi_attention` with :class:`relpos.ALiBi` built from Bloom's own slopes:
 the same scores up to a constant per query row (see :mod:`relpos.hf.alibi`). A padding mask with
 holes (not one run of real tokens per example) changes Bloom's positions; such a batch takes the
-exact per-key path (:func:`~relpos.hf.alibi.per_key_channel`).
+exact per-key path (:func:`~relpos.hf.alibi.per_key_channel`). Under ``torch.compile`` every batch
+with a padding mask takes the per-key path: which path fits is a fact about the mask's values, a
+data-dependent branch that ``fullgraph=True`` refuses; the per-key path is exact for any mask.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ _ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "he
                "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx", "_reshape")
 
 
+def _per_offset_fits(attention_mask: torch.Tensor | None) -> bool:
+    """Whether Bloom's per-key ALiBi equals the per-offset one here: no 2-D mask, or one run of real keys per row
+    (eagerly checked; under ``torch.compile`` a 2-D mask is not checked, the per-key path serves it)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return True
+    return not torch.compiler.is_compiling() and contiguous(attention_mask)
+
+
 def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alibi, attention_mask, layer_past=None,
              use_cache=False, output_attentions=False, **kwargs):
     """``BloomAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``."""
@@ -38,10 +48,10 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
-    if attention_mask is None or attention_mask.dim() != 2 or contiguous(attention_mask):
+    if _per_offset_fits(attention_mask):
         out, weights = alibi_attention(query, key, value, bias=alibi_bias, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions)
-    else:  # holes in the padding: Bloom's positions skip them; its own per-key values, folded into a channel
+    else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel
         per_key = alibi.view(batch, module.num_heads, -1).float() * (module.beta / scale)  # (B, H, Lk)
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
         out, weights = alibi_attention(query, key, value, bias=None, mask=attention_mask, scale=scale,

@@ -6,11 +6,19 @@ scales by ``softmax_scale``; ``clip_qkv`` clamps the fused projection. The insta
 here does the same on :func:`relpos.hf.alibi.alibi_attention` with :class:`relpos.ALiBi` built from
 MPT's own slopes. Options transformers' MPT ignores (``qk_ln``, ``attn_type``, ``prefix_lm``,
 ``attn_impl``) are ignored alike: the accelerated model equals transformers' model.
+
+Attention weights: transformers' ``MptAttention`` always computes them, and ``MptBlock`` gets
+``output_attentions`` (per call, else the config's, resolved by ``MptModel``) but never passes it
+down. A forward pre-hook on each ``MptBlock`` instance records the flag for the block's attention
+(:func:`_record_flags`), so the accelerated MPT returns every layer's weights when transformers'
+does, per call or from ``config.output_attentions``; a layer called without the hook (directly)
+reads the config.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,11 +35,12 @@ _PARAMETERS = (["self", "hidden_states", "position_bias", "past_key_values", "at
 _ATTRIBUTES = ("Wqkv", "out_proj", "n_heads", "head_dim", "softmax_scale", "attn_dropout_p", "clip_qkv", "layer_idx")
 
 
-def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, position_bias, past_key_values=None,
-             attention_mask=None, cache=None, **kwargs):
+def _forward(module: nn.Module, alibi_bias: ALiBi, wants: Callable[[], bool], hidden_states, position_bias,
+             past_key_values=None, attention_mask=None, cache=None, **kwargs):
     """``MptAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``.
 
     The cache comes as ``past_key_values`` (transformers <= 5.23, the third positional) or ``cache`` (5.24).
+    ``wants()``: whether the block asked for the weights (``MptBlock`` passes no flag to its attention).
     """
     past_key_values = cache if past_key_values is None else past_key_values
     refuse_static_cache(past_key_values, "MPT")
@@ -48,7 +57,8 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, position_bias,
     out, weights = alibi_attention(
         query, key, value, bias=alibi_bias if position_bias is not None else None, mask=attention_mask,
         scale=module.softmax_scale, dropout_p=module.attn_dropout_p if module.training else 0.0,
-        output_attentions=bool(kwargs.get("output_attentions")), scores_learn=False,  # MPT masks with masked_fill
+        output_attentions=bool(kwargs.get("output_attentions", wants())),
+        scores_learn=False,  # MPT masks with masked_fill
     )
     context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     return module.out_proj(context), weights
@@ -65,13 +75,42 @@ def _check(modules: list[nn.Module]) -> None:
                helpers=("build_mpt_alibi_tensor",))
 
 
+def _record_flags(model: nn.Module, modules: list[nn.Module]) -> tuple[Callable[[], bool], Callable[[], None]]:
+    """A pre-hook on each block holding one of ``modules`` records the ``output_attentions`` it gets; returns
+    ``(wants, remove)``: the last recorded flag (the config's before any block ran), and the hooks' undo."""
+    flag: list[bool | None] = [None]  # one per model: blocks run one after another, each before its attention
+
+    def record(block, args, kwargs):
+        flag[0] = bool(kwargs.get("output_attentions", model.config.output_attentions))
+
+    attentions = {id(m) for m in modules}
+    blocks = [m for m in model.modules() if id(getattr(m, "attn", None)) in attentions]
+    handles = [block.register_forward_pre_hook(record, with_kwargs=True) for block in blocks]
+
+    def wants() -> bool:
+        return bool(model.config.output_attentions) if flag[0] is None else flag[0]
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return wants, remove
+
+
 def _apply(model: nn.Module, modules: list[nn.Module]):
     bias = ALiBi(modules[0].n_heads, slopes=_slopes(modules[0]))
+    wants, remove_hooks = _record_flags(model, modules)
 
     def bind(module):
-        return lambda *args, **kwargs: _forward(module, bias, *args, **kwargs)
+        return lambda *args, **kwargs: _forward(module, bias, wants, *args, **kwargs)
 
-    return patch_instances(model, {module: bind(module) for module in modules})
+    undo_instances = patch_instances(model, {module: bind(module) for module in modules})
+
+    def undo() -> None:
+        remove_hooks()
+        undo_instances()
+
+    return undo
 
 
 FAMILY = register(
