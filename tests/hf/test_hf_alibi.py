@@ -609,3 +609,20 @@ def test_every_benchmark_builder_builds_and_runs_a_small_model():
         with torch.no_grad():
             out = bench._output(model(input_ids=ids, attention_mask=mask, **extra))
         assert out.shape[:2] == (2, 16) and torch.isfinite(out).all(), name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_accelerated_on_the_meta_device_then_loaded(family):
+    """As transformers' from_pretrained does: the model is built (and here accelerated) on the meta device,
+    then its weights arrive; the ALiBi slopes are real (built on the CPU), the outputs transformers'."""
+    reference, _ = pair(family)
+    config = copy.deepcopy(reference.config)
+    with torch.device("meta"):
+        model = rh.accelerate(type(reference)(config))
+    model.to_empty(device="cpu")
+    model.load_state_dict(reference.state_dict())
+    model.eval()
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        assert_close(model(input_ids=ids, attention_mask=mask).logits, reference(input_ids=ids, attention_mask=mask).logits,
+                     what=family)

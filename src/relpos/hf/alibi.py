@@ -145,6 +145,13 @@ def patch_instances(model: nn.Module, forwards: dict[nn.Module, Callable]) -> Ca
     return undo
 
 
+def model_alibi(num_heads: int, slopes: list[float]) -> ALiBi:
+    """The model's ALiBi with its own slopes, built on the CPU whatever the default device: a model that
+    transformers builds on the meta device (``from_pretrained``) and accelerates there keeps real slopes;
+    :func:`alibi_attention` moves them to the queries' device at the first call."""
+    return ALiBi(num_heads, slopes=slopes, device="cpu")
+
+
 def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[list[str], ...],
                attributes: tuple[str, ...], children: set[str], helpers: tuple[str, ...] = ()) -> None:
     """The installed transformers' attention module has what the instance forward relies on (else RuntimeError).
@@ -264,6 +271,8 @@ def alibi_attention(
     """
     query_length, key_length = query.shape[2], key.shape[2]
     q_offset = key_length - query_length
+    if bias is not None and bias.slopes.device != query.device:  # built on the CPU (or the model moved): once
+        bias.to(query.device)
     masks = {} if mask is None else {"key_mask": mask} if mask.dim() == 2 else {"attn_mask": mask}
     common = dict(bias=bias, causal=True, scale=scale, dropout_p=dropout_p, q_offset=q_offset, **masks)
     dead = None

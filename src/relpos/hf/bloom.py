@@ -20,7 +20,9 @@ from torch import nn
 
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
-from .alibi import alibi_attention, check_fits, contiguous, patch_instances, per_key_channel, refuse_static_cache
+from .alibi import (
+    alibi_attention, check_fits, contiguous, model_alibi, patch_instances, per_key_channel, refuse_static_cache,
+)
 
 __all__ = ["FAMILY"]
 
@@ -82,7 +84,7 @@ def _check(modules: list[nn.Module]) -> None:
 
 
 def _apply(model: nn.Module, modules: list[nn.Module]):
-    bias = ALiBi(modules[0].num_heads, slopes=_slopes(modules[0]))  # one per model, shared by its layers
+    bias = model_alibi(modules[0].num_heads, _slopes(modules[0]))  # one per model, shared by its layers
 
     def bind(module):
         return lambda *args, **kwargs: _forward(module, bias, *args, **kwargs)

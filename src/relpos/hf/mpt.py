@@ -25,7 +25,7 @@ from torch import nn
 
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
-from .alibi import alibi_attention, check_fits, patch_instances, refuse_static_cache
+from .alibi import alibi_attention, check_fits, model_alibi, patch_instances, refuse_static_cache
 
 __all__ = ["FAMILY"]
 
@@ -98,7 +98,7 @@ def _record_flags(model: nn.Module, modules: list[nn.Module]) -> tuple[Callable[
 
 
 def _apply(model: nn.Module, modules: list[nn.Module]):
-    bias = ALiBi(modules[0].n_heads, slopes=_slopes(modules[0]))
+    bias = model_alibi(modules[0].n_heads, _slopes(modules[0]))
     wants, remove_hooks = _record_flags(model, modules)
 
     def bind(module):
