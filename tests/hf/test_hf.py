@@ -377,3 +377,17 @@ def test_an_unfitting_transformers_is_refused_with_its_version(monkeypatch):
     with pytest.raises(RuntimeError, match=rf"does not fit T5Attention of the installed transformers {transformers.__version__}"):
         rh.accelerate(reference)
     assert not rh.is_accelerated(reference) and reference.config._attn_implementation != "relpos"
+
+
+def test_model_benchmark_saves_every_point(tmp_path):
+    """A long grid stopped early keeps its points: the report is handed over (and main writes it) after each."""
+    from relpos.hf.bench import ModelBenchConfig, _save, run_model_bench
+
+    seen = []
+    config = ModelBenchConfig(lengths=(16, 24), batches=(1,), modes=("forward",), rounds=1, d_model=32, heads=2, layers=1)
+    report = run_model_bench(config, on_point=lambda r: seen.append((len(r["results"]), r["complete"])))
+    assert seen == [(4, False), (8, False)]  # four variants per point
+    assert report["complete"] is True
+    partial = dict(report, complete=False, results=report["results"][:4])
+    text = _save(partial, str(tmp_path / "p.json"), str(tmp_path / "p.md"))
+    assert "**Partial**" in text and "| 1 | 24 | skipped |" in text and (tmp_path / "p.json").exists()

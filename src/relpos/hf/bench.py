@@ -315,7 +315,9 @@ def _refusal(config: ModelBenchConfig) -> str | None:
     return None
 
 
-def run_model_bench(config: ModelBenchConfig) -> dict:
+def run_model_bench(config: ModelBenchConfig, on_point: Callable[[dict], None] | None = None) -> dict:
+    """Every (mode, batch, length) point of ``config``; ``on_point(report)`` after each one (the report so
+    far, with ``"complete": False``), so that a long grid stopped early keeps what it measured."""
     import transformers
 
     import relpos
@@ -328,6 +330,17 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
     plan = [(m, b, n) for m in modes for b in config.batches for n in config.lengths] if refused is None else []
     progress = Progress(len(plan) * len(names) * config.rounds)
     results = []
+    report = {
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name(config.device) if config.cuda else "cpu", "dtype": config.dtype,
+                    "mmap_threshold_fixed": fixed,
+                    "transformers": transformers.__version__, "relpos": relpos.__version__},
+        "config": asdict(config),
+        "variants": list(names),
+        "refused": refused,
+        "results": results,  # filled point by point
+        "complete": False,
+    }
     for mode in modes if refused is None else ():
         models = _models(config, mode)
         left = builder.decoder_only and mode == "generate"
@@ -351,19 +364,12 @@ def run_model_bench(config: ModelBenchConfig) -> dict:
                 for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
+                if on_point is not None:
+                    on_point(report)
                 gc.collect()
         del models
     progress.close()
-    return {
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name(config.device) if config.cuda else "cpu", "dtype": config.dtype,
-                    "mmap_threshold_fixed": fixed,
-                    "transformers": transformers.__version__, "relpos": relpos.__version__},
-        "config": asdict(config),
-        "variants": list(names),
-        "refused": refused,
-        "results": results,
-    }
+    return report | {"complete": True}
 
 
 def _fastest_hf(table: dict, key: tuple) -> dict | None:
@@ -424,15 +430,21 @@ def main(argv: list[str] | None = None) -> int:
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
         **device,
     )
-    report = run_model_bench(config)
-    text = markdown(report)
-    machine = report["machine"]
-    c = report["config"]
+    report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
+    print(_save(report, args.json, args.markdown))
+    return 0
+
+
+def _save(report: dict, json_path: str | None, markdown_path: str | None) -> str:
+    """Write the report (atomically) and its tables; a grid stopped early says so in its header."""
+    machine, c = report["machine"], report["config"]
     header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; machine: "
               f"{machine['platform']}, {machine['device']}, {machine['dtype']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}")
-    print(header, "", text, sep="\n")
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))
-    if args.markdown:
-        write_text(args.markdown, header + "\n\n" + text)
-    return 0
+    if not report.get("complete", True):
+        header += "\n\n**Partial**: the run was stopped before every point of the grid (missing points read \"skipped\")."
+    text = header + "\n\n" + markdown(report)
+    if json_path:
+        write_text(json_path, json.dumps(report, indent=1))
+    if markdown_path:
+        write_text(markdown_path, text)
+    return text
