@@ -235,3 +235,17 @@ def bias_forms(accelerated, inputs) -> dict[str, int]:
         with torch.no_grad():
             accelerated(**inputs)
     return forms
+
+
+def benchmark_generate_equal(family: str) -> None:
+    """``benchmarks/t5_model.py --family F --modes generate``: its model and inputs (past max_distance,
+    padded) give transformers' tokens and per-step logits once accelerated, so the timed variants do
+    the same work."""
+    from relpos.hf import bench
+
+    config = bench.ModelBenchConfig(d_model=32, heads=2, layers=1)
+    builder = bench.BUILDERS[family]
+    torch.manual_seed(0)
+    reference, accelerated = make_pair(builder.build("generate", config).eval())
+    ids, mask = bench._inputs(2, 160, left=builder.decoder_only)
+    generate_equal(reference, accelerated, builder.generate_inputs(ids, mask, config), steps=6, samplers=False)

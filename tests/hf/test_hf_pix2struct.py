@@ -93,13 +93,4 @@ def test_the_vision_model_alone_is_refused():
 
 
 def test_the_model_benchmark_generates_from_this_familys_inputs():
-    """benchmarks/t5_model.py --family pix2struct --modes generate: its model and inputs (past max_distance, padded)
-    give transformers' tokens and per-step logits once accelerated, so the timed variants do the same work."""
-    from relpos.hf import bench
-
-    config = bench.ModelBenchConfig(d_model=32, heads=2, layers=1)
-    builder = bench.BUILDERS["pix2struct"]
-    torch.manual_seed(0)
-    reference, accelerated = hf_checks.make_pair(builder.build("generate", config).eval())
-    ids, mask = bench._inputs(2, 160, left=builder.decoder_only)
-    hf_checks.generate_equal(reference, accelerated, builder.generate_inputs(ids, mask, config), steps=6, samplers=False)
+    hf_checks.benchmark_generate_equal("pix2struct")

@@ -361,9 +361,9 @@ def window_attention(
     reference path: CPU SDPA kernels have no dropout.
 
     The fused path keeps q, k, v as given for the backward (pass views of the projections: nothing
-    is copied) and the output, returned as a view of a ``(B, nW, N, H, d)`` tensor so that
-    ``out.transpose(2, 3).flatten(3)`` for the output projection copies nothing; with cosine
-    attention the normalised q and k are recomputed in the backward rather than kept.
+    is copied), the bias and, with cosine attention, the norms of q and k (the normalised q and k
+    are recomputed); the output comes back as a view of a ``(B, nW, N, H, d)`` tensor, so
+    ``out.transpose(2, 3).flatten(3)`` for the output projection copies nothing.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, shape="(B, nW, H, N, d)")
