@@ -626,3 +626,23 @@ def test_accelerated_on_the_meta_device_then_loaded(family):
     with torch.no_grad():
         assert_close(model(input_ids=ids, attention_mask=mask).logits, reference(input_ids=ids, attention_mask=mask).logits,
                      what=family)
+
+
+def test_decoding_rows_take_one_sdpa_call_and_equal_the_general_path():
+    """A few query rows with a dense per-key term and no gradients (Falcon's decoding step) go straight to
+    SDPA with the masks folded in; the result equals relpos's general path (grad enabled) on the same call."""
+    from relpos.hf.alibi import alibi_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, h, hkv, lk, d = 3, 4, 2, 20, 8
+    for lq in (1, 3):
+        q = torch.randn(b, h, lq, d, generator=g)
+        k, v = torch.randn(b, hkv, lk, d, generator=g), torch.randn(b, hkv, lk, d, generator=g)
+        bias = torch.randn(b, h, 1, lk, generator=g).expand(-1, -1, lq, -1) * 3  # (B, H, Lq, Lk)
+        mask = torch.ones(b, lk, dtype=torch.bool)  # the 2-D key mask the adapters hand over
+        mask[0, :5] = False  # left padding
+        mask[2, :-lq] = False  # only the newest keys are real
+        with torch.no_grad():
+            fast, _ = alibi_attention(q, k, v, bias=bias, mask=mask, scale=0.3)
+        general, _ = alibi_attention(q, k, v, bias=bias, mask=mask, scale=0.3)  # grad enabled: the general path
+        torch.testing.assert_close(fast, general.detach(), rtol=1e-5, atol=1e-6)

@@ -219,6 +219,21 @@ def per_key_channel(query, key, value, per_key: torch.Tensor):
     return query, key, value
 
 
+def _decoding_rows(query, key, value, bias: torch.Tensor, key_mask: torch.Tensor | None, scale: float,
+                   q_offset: int) -> torch.Tensor:
+    """A few query rows without gradients (a decoding step): one SDPA call with the ``(B, H, Lq, Lk)``
+    additive term, the padding and the causal mask folded in as the dtype's minimum, as transformers'
+    sdpa path does (a row that sees no key gets uniform weights, as there); none of the general path's
+    per-call work, which costs more than these rows' attention."""
+    lq, lk = query.shape[2], key.shape[2]
+    hidden = torch.ones(lq, lk, dtype=torch.bool, device=query.device).triu(q_offset + 1)  # (Lq, Lk): the future
+    if key_mask is not None:
+        hidden = hidden | ~key_mask.bool()[:, None, None, :]  # (B, 1, Lq, Lk)
+    terms = bias.masked_fill(hidden, torch.finfo(bias.dtype).min)  # (B, H, Lq, Lk)
+    gqa = {"enable_gqa": True} if key.shape[1] != query.shape[1] else {}
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=terms, scale=scale, **gqa)
+
+
 def _dead_rows(key_mask: torch.Tensor, query_length: int, q_offset: int) -> torch.Tensor:
     """(B, Lq): queries that see no real key under the causal mask (left-padding positions)."""
     first = torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])  # (B,)
@@ -253,7 +268,7 @@ def alibi_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     *,
-    bias: ALiBi | None,
+    bias: ALiBi | torch.Tensor | None,
     mask: torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
@@ -262,8 +277,9 @@ def alibi_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of the last ``Lq`` positions over ``Lk`` keys, as the ALiBi families compute it.
 
-    ``query`` ``(B, H, Lq, d)``, ``key``/``value`` ``(B, Hkv, Lk, d)``; ``bias`` a per-offset ALiBi (or
-    ``None`` when the caller folded its bias into the channels); ``mask`` the key padding mask ``(B, Lk)``
+    ``query`` ``(B, H, Lq, d)``, ``key``/``value`` ``(B, Hkv, Lk, d)``; ``bias`` a per-offset ALiBi, a
+    dense additive ``(B, H, Lq, Lk)`` term for a few query rows (decoding), or ``None`` when the caller
+    folded its bias into the channels; ``mask`` the key padding mask ``(B, Lk)``
     or a boolean ``(B, 1, Lq, Lk)`` mask (``True`` = attend), causal or not (the causal mask is applied).
     Returns ``(out (B, H, Lq, dv), weights (B, H, Lq, Lk) or None)``; rows that see no real key get
     the mean of the values (uniform weights), as in transformers, with its gradient
@@ -271,7 +287,9 @@ def alibi_attention(
     """
     query_length, key_length = query.shape[2], key.shape[2]
     q_offset = key_length - query_length
-    if bias is not None and bias.slopes.device != query.device:  # built on the CPU (or the model moved): once
+    if torch.is_tensor(bias) and not output_attentions and not torch.is_grad_enabled() and (mask is None or mask.dim() == 2):
+        return _decoding_rows(query, key, value, bias, mask, scale, q_offset), None
+    if isinstance(bias, ALiBi) and bias.slopes.device != query.device:  # built on the CPU (or the model moved): once
         bias.to(query.device)
     masks = {} if mask is None else {"key_mask": mask} if mask.dim() == 2 else {"attn_mask": mask}
     common = dict(bias=bias, causal=True, scale=scale, dropout_p=dropout_p, q_offset=q_offset, **masks)
