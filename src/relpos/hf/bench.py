@@ -207,6 +207,7 @@ def _udop_boxes(batch: int, length: int) -> dict:
 #: family -> how to build its small model; the --family choices
 BUILDERS: dict[str, Builder] = {
     "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration")),
+    "umt5": Builder(_seq2seq("UMT5Config", "UMT5EncoderModel", "UMT5ForConditionalGeneration")),  # a table per layer
     "bloom": Builder(_decoder("BloomConfig", "BloomModel", "BloomForCausalLM", lambda d, h, n: dict(
         hidden_size=d, n_head=h, n_layer=n)), decoder_only=True, sdpa=False, alibi=True),
     "mpt": Builder(_decoder("MptConfig", "MptModel", "MptForCausalLM", lambda d, h, n: dict(
