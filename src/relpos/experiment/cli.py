@@ -61,6 +61,10 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--lrs", help="learning-rate sweep, e.g. 1e-3,3e-3,1e-2: each model's rate is chosen on "
                                       "in-distribution validation (default: the preset's; the reference preset sweeps)")
     parser.add_argument("--eval-every", type=int, help="steps between learning-curve points (0: only the end)")
+    parser.add_argument("--max-steps", type=int,
+                        help="train to a plateau: the constant rate until the validation loss gains < 1%% over the last "
+                             "20%% of the steps (checked at every --eval-every, from --steps on) or this many steps, then a "
+                             "cool-down of 20%% of the steps done (0: exactly --steps, cosine; the reference text preset: 5000)")
     parser.add_argument("--rope-factor", type=float, help="the fixed RoPE scaling factor (default: longest evaluation length / training length)")
     parser.add_argument("--estimate-only", action="store_true", help="print the estimated time of the run (measured steps) and stop")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
@@ -75,7 +79,7 @@ _SIZES = (("dim", int), ("layers", int), ("heads", int), ("batch", int), ("steps
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos extrapolate``: byte-level language modelling, trained short and tested long."""
-    _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int)))
+    _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int), ("val-windows", int)))
     parser.add_argument("--multipliers", default="1,2,4,8,16", help="evaluation lengths as multiples of --train-len")
     parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128")
     parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)}")
@@ -102,6 +106,16 @@ def _check_models(text: str) -> tuple[str, ...]:
     return names
 
 
+def _check_plateau(preset: dict) -> None:
+    """Training to a plateau needs learning-curve points and at least ``steps`` steps."""
+    max_steps, steps = preset.get("max_steps", 0), preset["steps"]
+    if max_steps < 0 or 0 < max_steps < steps:
+        raise ValueError(f"--max-steps must be 0 (exactly --steps) or >= --steps ({steps}), got {max_steps}")
+    if max_steps and not preset.get("eval_every"):
+        raise ValueError("--max-steps (training to a plateau) checks the rule at learning-curve points: "
+                         "give --eval-every > 0, e.g. 100")
+
+
 def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
     preset = dict(presets[args.preset])
     for key in keys:
@@ -109,7 +123,7 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         if value is not None:
             preset[key] = value
     for key in keys:
-        if key != "lr" and preset[key] < 1:
+        if key != "lr" and preset.get(key, 1) < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {preset[key]}")
     if not (math.isfinite(preset["lr"]) and preset["lr"] > 0):
         raise ValueError(f"--lr must be a finite number > 0, got {preset['lr']}")
@@ -130,6 +144,9 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         if args.eval_every < 0:
             raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")
         preset["eval_every"] = args.eval_every
+    if args.max_steps is not None:
+        preset["max_steps"] = args.max_steps
+    _check_plateau(preset)
     if args.rope_factor is not None:
         if not (math.isfinite(args.rope_factor) and args.rope_factor >= 1):
             raise ValueError(f"--rope-factor must be a finite number >= 1, got {args.rope_factor}")
@@ -142,7 +159,8 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
 
 
 def config_from_args(args) -> runner.RunConfig:
-    fields = _base_config(args, runner.PRESETS, ("dim", "layers", "heads", "batch", "steps", "lr", "train_len", "eval_tokens"))
+    fields = _base_config(args, runner.PRESETS, ("dim", "layers", "heads", "batch", "steps", "lr", "train_len", "eval_tokens",
+                                                 "val_windows"))
     bucketing = _csv(str, args.bucketing, "--bucketing")
     if any(s not in STRATEGIES for s in bucketing):
         raise ValueError(f"--bucketing must be among {', '.join(STRATEGIES)}, got {args.bucketing!r}")

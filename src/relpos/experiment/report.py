@@ -168,6 +168,30 @@ def _p_text(p: float) -> str:
     return "< 1e-300" if p < 1e-300 else f"{p:.3g}"
 
 
+def _training_table(report: dict) -> list[str]:
+    """Per model: the chosen learning rate, the in-distribution validation loss at the end, the
+    plateau rule (seeds where it held) and, when training to a plateau, the steps it took."""
+    runs, to_plateau = report["runs"], bool(report["config"].get("max_steps"))
+    rule = ("the constant rate's plateau (the rule checked every learning-curve point; capped: max_steps reached "
+            "first) and the steps with the cool-down" if to_plateau else "the plateau rule at the end of the budget")
+    lines = ["", f"Learning rate chosen on in-distribution validation, {rule}", "",
+             "| model | learning rate | validation (first seed) | plateaued (seeds) |" + (" steps to the plateau | steps in all |" if to_plateau else ""),
+             "|---|---|---|---|" + ("---|---|" if to_plateau else "")]
+    for name, seeds in runs.items():
+        first = next(iter(seeds.values()))
+        if "derived_from" in first or "curve" not in first:
+            continue
+        reached = [r["plateau"]["reached"] for r in seeds.values()]
+        val = first["curve"][-1][1] if first["curve"] else None
+        row = (f"| {describe(name)} | {first['lr']:g} | {'' if val is None else f'{_as_float(val):.4f}'} | "
+               f"{sum(bool(x) for x in reached)}/{len(reached)} |")
+        if to_plateau:
+            ends = [str(r.get("stable_end")) + (" (capped)" if r.get("capped") else "") for r in seeds.values()]
+            row += f" {', '.join(ends)} | {', '.join(str(r.get('steps')) for r in seeds.values())} |"
+        lines.append(row)
+    return lines
+
+
 def _text_tables(report: dict) -> list[str]:
     """Degradation from each model's own 1x, the learning rate and plateau, loss by position, the second corpus."""
     summary, lengths, runs = report["summary"], report["lengths"], report["runs"]
@@ -175,16 +199,7 @@ def _text_tables(report: dict) -> list[str]:
              "| model | " + " | ".join(f"Δ @ {n}" for n in lengths[1:]) + " |", "|---|" + "---|" * len(lengths[1:])]
     for name, s in summary.items():
         lines.append(f"| {describe(name)} | " + " | ".join(_cell(s["degradation"].get(str(n)), False) for n in lengths[1:]) + " |")
-    lines += ["", "Learning rate chosen on in-distribution validation, and the plateau rule at the end of the budget", "",
-              "| model | learning rate | validation bpb (first seed) | plateaued (seeds) |", "|---|---|---|---|"]
-    for name in summary:
-        first = next(iter(runs[name].values()))
-        if "derived_from" in first or "curve" not in first:
-            continue
-        reached = [r["plateau"]["reached"] for r in runs[name].values()]
-        val = first["curve"][-1][1] if first["curve"] else None
-        lines.append(f"| {describe(name)} | {first['lr']:g} | {'' if val is None else f'{_as_float(val):.4f}'} | "
-                     f"{sum(bool(x) for x in reached)}/{len(reached)} |")
+    lines += _training_table(report)
     longest = str(lengths[-1])
     stretches = lengths[-1] // report["trained_lengths"][0]
     lines += ["", f"Loss by position at {longest} bytes: bits per byte of each {report['trained_lengths'][0]}-byte stretch "
@@ -239,13 +254,18 @@ def markdown_report(report: dict) -> str:
         f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds})"
         + (f", (k/n): seeds reaching {SUCCESS:.0%}" if percent else "") + "; the evaluation's own "
         f"standard error per cell is at most {max(ses) * (100 if percent else 1):.3f}." if ses else "",
-        f"Trained for {config['steps']} steps of {config['batch']} (width {config['dim']}, {config['layers']} layers, "
+        (f"Trained to a plateau (at least {config['steps']}, at most {config['max_steps']} steps of the constant rate, then "
+         f"a linear cool-down over 20% of the steps done) in batches of {config['batch']}" if config.get("max_steps") else
+         f"Trained for {config['steps']} steps of {config['batch']}")
+        + f" (width {config['dim']}, {config['layers']} layers, "
         f"{config['heads']} heads, " + (f"learning rate chosen per model from {', '.join(f'{v:g}' for v in config['lrs'])}"
                                          if len(config.get("lrs") or ()) > 1 else f"learning rate {config['lr']}")
         + f"); relpos {env['relpos']}, torch {env['torch']}, "
         f"{env['machine']}, {env['threads']} threads"
         + (f"; {report['wall_seconds'] / 60:.1f} min wall clock." if "wall_seconds" in report else "."),
     ]
+    if "windows" not in report and any("curve" in r for seeds in report["runs"].values() for r in seeds.values()):
+        lines += _training_table(report)
     if "windows" in report:
         lines += _text_tables(report)
         family = report.get("comparisons", {})

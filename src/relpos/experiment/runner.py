@@ -47,13 +47,14 @@ PRESETS: dict[str, dict] = {
     # longer and larger, for better numbers: several times the default run's time
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536,
                  max_bytes=None, seeds=(0, 1, 2)),
-    # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding,
-    # learning curves, 1 MB of held-out text from many files at every length, a second corpus
-    # (C headers), bootstrap intervals; with the tasks' reference about two hours on 2 cores
-    # (--estimate-only prints the estimate from measured step and evaluation times)
-    "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, lr=3e-3, lrs=(1e-3, 3e-3, 1e-2),
-                      eval_every=100, eval_tokens=1_048_576, max_bytes=None, seeds=(0, 1, 2),
-                      encodings=(*MODELS, "rope_randomized"),
+    # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding
+    # (1000 steps of each constant rate), every model trained to a plateau (at most 5000 steps, then
+    # the cool-down), learning curves, 1 MB of held-out text from many files at every length, a second
+    # corpus (C headers), bootstrap intervals (--estimate-only prints the estimate from measured step
+    # and evaluation times; docs/extrapolate.md gives the measured time)
+    "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, max_steps=5000, lr=1e-2,
+                      lrs=(3e-3, 1e-2, 3e-2), eval_every=100, val_windows=512, eval_tokens=1_048_576, max_bytes=None,
+                      seeds=(0, 1, 2), encodings=(*MODELS, "rope_randomized"),
                       second_corpus="/usr/include", second_eval_tokens=131_072,
                       rope_scalings=("linear", "dynamic", "yarn", "linear-oracle", "yarn-oracle")),
     # seconds: for tests and a first look
@@ -93,10 +94,14 @@ class RunConfig:
     lr: float = 3e-3
     lrs: tuple[float, ...] = ()  # a learning-rate sweep (chosen per model on validation); empty: ``lr`` alone
     eval_every: int = 0  # steps between validation points of the learning curve (0: only at the end)
+    # > 0: train to a plateau (the constant rate until the plateau rule holds, at least ``steps`` and
+    # at most ``max_steps``, then a cool-down of COOLDOWN x the steps done); 0: exactly ``steps``
+    max_steps: int = 0
     rope_factor: float | None = None  # the fixed RoPE scaling factor (None: the longest length / train length)
     # text
     train_len: int = 64
     eval_tokens: int = 16384
+    val_windows: int = 64  # in-distribution validation windows (the learning curves, the rate and the plateau)
     max_bytes: int | None = 2_000_000
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
     corpus: str | None = None
@@ -118,7 +123,8 @@ class RunConfig:
 
 
 # what a result depends on: resuming with any of it changed is refused
-_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "lr", "lrs", "eval_every", "rope_factor", "train_len",
+_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "lr", "lrs", "eval_every", "rope_factor",
+                "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
                 "test_lengths", "eval_instances", "rope_scalings")
 
@@ -138,7 +144,8 @@ def make_problem(config: RunConfig) -> TextProblem | TaskProblem:
     if config.second_corpus:
         second = load_corpus(config.second_corpus, max_bytes=config.max_bytes)
     return TextProblem(corpus, train_len=config.train_len, multipliers=config.multipliers, eval_tokens=config.eval_tokens,
-                       second=second, second_tokens=config.second_eval_tokens or config.eval_tokens)
+                       second=second, second_tokens=config.second_eval_tokens or config.eval_tokens,
+                       val_windows=config.val_windows)
 
 
 # --- distributed ------------------------------------------------------------------------------
@@ -157,17 +164,35 @@ def _dist_context() -> tuple[int, int]:
 # --- training -----------------------------------------------------------------------------------
 
 
-def _lr_at(step: int, config: RunConfig, lr: float | None = None) -> float:
+#: the cool-down after a plateau, as a fraction of the steps trained until then (Hägele et al. 2024
+#: find 10-20% enough for a constant-rate run to match a cosine schedule of the same length)
+COOLDOWN = 0.2
+
+
+def cooldown_steps(stable_end: int) -> int:
+    """Steps of the linear cool-down that follows a plateau reached at ``stable_end``."""
+    return max(1, math.ceil(COOLDOWN * stable_end))
+
+
+def _lr_at(step: int, config: RunConfig, lr: float | None = None, stable_end: int | None = None) -> float:
+    """The learning rate at ``step``. A fixed budget (``max_steps == 0``): warm-up, then cosine to 10%
+    at ``steps``. Training to a plateau: warm-up, the constant rate until ``stable_end`` (unknown,
+    ``None``, while the plateau is looked for), then linear to 0 over :func:`cooldown_steps`."""
     lr = config.lr if lr is None else lr
     warmup = max(1, config.steps // 20)
     if step < warmup:
         return lr * (step + 1) / warmup
+    if config.max_steps:
+        if stable_end is None or step < stable_end:
+            return lr
+        return lr * max(0.0, 1 - (step - stable_end) / cooldown_steps(stable_end))
     progress = (step - warmup) / max(1, config.steps - warmup)
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine to 10%
 
 
 def train_steps(model, optimizer, problem, config: RunConfig, seed: int, start: int, stop: int, *,
-                rank: int = 0, world: int = 1, on_step=None, lr: float | None = None) -> list[float]:
+                rank: int = 0, world: int = 1, on_step=None, lr: float | None = None,
+                stable_end: int | None = None) -> list[float]:
     """Steps ``start .. stop - 1``. The batch of step ``s`` depends only on (seed, s): every model
     sees the same data in the same order, and each rank takes its slice of it."""
     losses = []
@@ -177,7 +202,7 @@ def train_steps(model, optimizer, problem, config: RunConfig, seed: int, start: 
         x, y = problem.batch(seed * 1_000_003 + step, config.batch)  # (B, L) each
         x, y = x[rank::world].to(device), y[rank::world].to(device)
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config, lr)
+            group["lr"] = _lr_at(step, config, lr, stable_end)
         logits = model(x)  # (B / world, L, vocab)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
         optimizer.zero_grad(set_to_none=True)
@@ -233,17 +258,23 @@ def _norm(value):
 
 
 def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config: RunConfig, rank: int, world: int,
-           progress, *, reuse: bool = False):
+           progress, *, reuse: bool = False, sweep: bool = False):
     """Train one model under one seed and learning rate (continuing from its checkpoint with
     ``resume``, or ``reuse``: a checkpoint this run wrote, the sweep's run of the chosen rate).
-    Returns the model, the training losses, the learning curve ``[(step, validation loss)]`` and the seconds."""
+
+    A fixed budget trains ``steps``. With ``max_steps`` the run trains to a plateau: the constant
+    rate until the plateau rule holds at a learning-curve point (after at least ``steps``) or
+    ``max_steps`` is reached, then the cool-down; a ``sweep`` run stops after ``steps`` of the
+    constant rate, which are the first steps of the full run (so the chosen rate's run goes on from it).
+    Returns the model, the training losses, the learning curve ``[(step, validation loss)]``, the
+    seconds and the step where the constant rate ended (``None``: a fixed budget or a sweep run)."""
     torch.manual_seed(seed)  # same initial weights, per seed, for what the models share
     model = TransformerLM(lm_config)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     ckpt = _checkpoint_path(config, name, seed, lr)
     fingerprint = _fingerprint(lm_config, config, seed, lr)
-    start, losses, curve, seconds = 0, [], [], 0.0
+    start, losses, curve, seconds, stable_end = 0, [], [], 0.0, None
     if (config.resume or reuse) and ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
         _check_same("checkpoint " + str(ckpt), state.get("fingerprint", {}), fingerprint)
@@ -251,27 +282,55 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
         optimizer.load_state_dict(state["optimizer"])
         start, losses = int(state["step"]), list(state.get("losses", []))
         curve, seconds = [tuple(c) for c in state.get("curve", [])], float(state.get("seconds", 0.0))
+        stable_end = state.get("stable_end")
         progress.step(f"{name} seed {seed}: resumed at step {start}", start)
     began = time.perf_counter() - seconds
+    final = stable_end + cooldown_steps(stable_end) if stable_end is not None else (
+        config.steps if sweep or not config.max_steps else None)
+
+    def save(done: int) -> None:
+        if rank == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
+                     "fingerprint": fingerprint, "losses": losses, "curve": [list(c) for c in curve],
+                     "seconds": time.perf_counter() - began, "stable_end": stable_end}
+            save_torch(state, ckpt)  # atomic: a kill mid-write leaves the previous checkpoint
 
     def on_step(step: int, loss: float) -> None:
         losses.append(loss)
         progress.step(f"{name} lr {lr:g} seed {seed} loss {loss:.3f}")
         done = step + 1
-        if config.eval_every and (done % config.eval_every == 0) and done != config.steps:
+        if (config.eval_every and done % config.eval_every == 0) or done == final:
             curve.append((done, problem.validate(model)))
-        if done == config.steps:
-            curve.append((done, problem.validate(model)))
-        if rank == 0 and (done % config.checkpoint_every == 0 or done == config.steps):
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                     "fingerprint": fingerprint, "losses": losses, "curve": [list(c) for c in curve],
-                     "seconds": time.perf_counter() - began}
-            save_torch(state, ckpt)  # atomic: a kill mid-write leaves the previous checkpoint
+        if done % config.checkpoint_every == 0 or done == final:
+            save(done)
 
     if start == 0 and config.eval_every:
         curve.append((0, problem.validate(model)))
-    train_steps(ddp, optimizer, problem, config, seed, start, config.steps, rank=rank, world=world, on_step=on_step, lr=lr)
-    return model, losses, curve, time.perf_counter() - began
+    step = start
+    while final is None:  # the constant rate, one learning-curve point at a time, until the plateau
+        if step >= config.max_steps or (step >= config.steps and curve and curve[-1][0] == step
+                                        and plateau(curve, step)["reached"]):
+            stable_end, final = step, step + cooldown_steps(step)
+            save(step)
+            break
+        stop = min(config.max_steps, (step // config.eval_every + 1) * config.eval_every)
+        train_steps(ddp, optimizer, problem, config, seed, step, stop, rank=rank, world=world, on_step=on_step, lr=lr)
+        step = stop
+    train_steps(ddp, optimizer, problem, config, seed, step, final, rank=rank, world=world, on_step=on_step, lr=lr,
+                stable_end=stable_end)
+    return model, losses, curve, time.perf_counter() - began, stable_end
+
+
+def _schedule(curve: list, config: RunConfig, stable_end: int | None, steps: int) -> dict:
+    """The plateau check of a finished run, and where its constant rate ended (training to a plateau):
+    the rule is checked on the curve of the constant rate; ``capped`` when ``max_steps`` ended it."""
+    if stable_end is None:
+        return {"plateau": plateau(curve, config.steps), "steps": steps}
+    constant = [c for c in curve if c[0] <= stable_end]
+    check = plateau(constant, stable_end)
+    return {"plateau": check, "steps": steps, "stable_end": stable_end,
+            "capped": stable_end >= config.max_steps and not check["reached"],
+            "cooldown_gain": (constant[-1][1] - curve[-1][1]) / abs(constant[-1][1]) if constant[-1][1] else 0.0}
 
 
 def _result(model: TransformerLM, losses: list[float], seconds: float, evals: dict, **extra) -> dict:
@@ -395,18 +454,27 @@ def estimate(config: RunConfig, problem, plan: list[tuple[str, LMConfig]], lrs: 
             train_steps(model, optimizer, problem, config, 0, step, step + 1)
             times.append(time.perf_counter() - began)
         step_time = sorted(times[1:])[len(times[1:]) // 2]  # the median: one slow phase of a shared machine does not set it
-        runs = (len(lrs) if len(lrs) > 1 else 1) + seeds - 1
-        curve_points = config.steps // config.eval_every if config.eval_every else 1
+        sweeps = len(lrs) - 1 if len(lrs) > 1 else 0  # the chosen rate's sweep run is the first seed's
+        longest = config.max_steps + cooldown_steps(config.max_steps) if config.max_steps else config.steps
+        steps = sweeps * config.steps + seeds * longest  # at most: a plateau may come before max_steps
+        curve_points = steps // config.eval_every if config.eval_every else sweeps + seeds
         began = time.perf_counter()
         problem.validate(model)
         validate = time.perf_counter() - began
         began = time.perf_counter()
         evaluate = problem.estimate_eval(model) if hasattr(problem, "estimate_eval") else 0.0
         rows = 1 + (len(config.rope_scalings) if _plain_rope(lm_config) else 0)
-        seconds = runs * (config.steps * step_time + curve_points * validate) + seeds * rows * evaluate
+        seconds = steps * step_time + curve_points * validate + seeds * rows * evaluate
         per_model[name] = {"step_seconds": step_time, "eval_seconds": evaluate, "seconds": seconds}
         total += seconds
     return {"seconds": total, "models": per_model}
+
+
+def _evaluate_with_every_thread(world: int) -> None:
+    """Under torchrun rank 0 evaluates alone while the other ranks wait at their next collective:
+    it takes their threads for the evaluation (the caller restores its own count)."""
+    if world > 1:
+        torch.set_num_threads(min(os.cpu_count() or 1, torch.get_num_threads() * world))
 
 
 def _log(progress, line: str) -> None:
@@ -426,11 +494,12 @@ def _sweep(plan, lrs, problem, config, rank, world, progress, previous: dict, re
             if key in done:
                 record[key] = done[key]
                 continue
-            _, losses, curve, seconds = _train(name, lm_config, seed, lr, problem, config, rank, world, progress)
+            _, losses, curve, seconds, _ = _train(name, lm_config, seed, lr, problem, config, rank, world, progress,
+                                                  sweep=True)
             record[key] = {"val": curve[-1][1], "curve": curve, "train_loss": sum(losses[-20:]) / len(losses[-20:]),
                            "seconds": seconds}
-            _log(progress, f"sweep {name} lr {key} seed {seed}: validation {curve[-1][1]:.4f} ({seconds:.0f} s)")
-            if rank == 0:
+            if rank == 0:  # one line per run, not one per process
+                _log(progress, f"sweep {name} lr {key} seed {seed}: validation {curve[-1][1]:.4f} ({seconds:.0f} s)")
                 write_text(results_path, json.dumps(json_safe(report), indent=1))
         finite = {k: v["val"] for k, v in record.items() if math.isfinite(float(v["val"]))}
         chosen[name] = float(min(finite, key=finite.get)) if finite else lrs[0]
@@ -484,6 +553,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     chosen = (_sweep(plan, lrs, problem, config, rank, world, progress, previous_sweep, report, results_path)
               if len(lrs) > 1 else {name: lrs[0] for name, _ in plan})
     report["chosen_lr"] = chosen
+    threads = torch.get_num_threads()
     for name, lm_config in plan:
         for seed in config.seeds:
             key = str(seed)
@@ -495,10 +565,11 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                 progress.step(f"{name} seed {seed}: done earlier", per_model)
                 continue
             lr = chosen[name]
-            model, losses, curve, seconds = _train(name, lm_config, seed, lr, problem, config, rank, world, progress,
-                                                   reuse=len(lrs) > 1 and seed == config.seeds[0])
+            model, losses, curve, seconds, stable_end = _train(name, lm_config, seed, lr, problem, config, rank, world,
+                                                               progress, reuse=len(lrs) > 1 and seed == config.seeds[0])
             if rank == 0:
-                extra = {"lr": lr, "curve": curve, "plateau": plateau(curve, config.steps)}
+                _evaluate_with_every_thread(world)
+                extra = {"lr": lr, "curve": curve, **_schedule(curve, config, stable_end, len(losses))}
                 if getattr(problem, "second", None) is not None:
                     extra["eval_second"] = problem.evaluate(model, which="second")
                 buckets = t5_buckets(model, problem.train_len)
@@ -520,11 +591,15 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                             model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
                         progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
                 _write_report(report, windows, config)  # after every model: a kill loses one
+                torch.set_num_threads(threads)
                 cells = report["runs"][name][key]["eval"]
                 first, last = cells.get(str(problem.lengths[0])), cells.get(str(problem.lengths[-1]))
                 show = lambda c: "n/a" if c is None else f"{c[problem.metric]:.4f}"  # noqa: E731
+                run_ = report["runs"][name][key]
+                trained = (f"{run_['steps']} steps" if stable_end is None else
+                           f"{'capped' if run_['capped'] else 'plateau'} at step {stable_end}, {run_['steps']} steps")
                 _log(progress, f"{name} seed {seed} lr {lr:g}: {problem.metric} {show(first)} at {problem.lengths[0]}, "
-                               f"{show(last)} at {problem.lengths[-1]} ({seconds:.0f} s training, "
+                               f"{show(last)} at {problem.lengths[-1]} ({trained}, {seconds:.0f} s training, "
                                f"{(time.perf_counter() - began) / 60:.1f} min so far)")
     progress.close()
     if rank == 0:
