@@ -92,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos tasks``: algorithmic tasks, trained on short instances and tested on longer ones."""
     _common(parser, runner.TASK_PRESETS, _SIZES + (("train-max", int), ("eval-instances", int)))
-    parser.add_argument("--tasks", help=f"comma-separated, from: {', '.join(TASKS)} (default: {','.join(DEFAULT_TASKS)}; "
+    parser.add_argument("--tasks", help=f"comma-separated, from: {', '.join(TASKS)}, scan (SCAN's length split, Lake & Baroni "
+                                        f"2018: its own lengths, --train-max and --test-lengths do not apply) (default: {','.join(DEFAULT_TASKS)}; "
                                         f"reference preset: {','.join(REFERENCE_TASKS)})")
     parser.add_argument("--test-lengths", help="instance lengths to test, e.g. 8,16,32,64 (default: the preset's)")
     parser.add_argument("--out", default="relpos-tasks", help="folder: one subfolder per task, and summary.md")
@@ -188,8 +189,8 @@ def task_configs_from_args(args) -> list[runner.RunConfig]:
     if not fields["encodings"]:
         raise ValueError("--encodings is empty: name at least one of " + ", ".join(MODELS))
     tasks = _csv(str, args.tasks or ",".join(REFERENCE_TASKS if args.preset == "reference" else DEFAULT_TASKS), "--tasks")
-    if not tasks or any(t not in TASKS for t in tasks):
-        raise ValueError(f"--tasks must name some of {', '.join(TASKS)}, got {args.tasks!r}")
+    if not tasks or any(t not in (*TASKS, "scan") for t in tasks):
+        raise ValueError(f"--tasks must name some of {', '.join(TASKS)}, scan; got {args.tasks!r}")
     if args.test_lengths is not None:
         fields["test_lengths"] = _csv(int, args.test_lengths, "--test-lengths")
     lengths = fields["test_lengths"]

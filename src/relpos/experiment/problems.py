@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from ..encodings.rotary import RotaryEmbedding
 from .data import Corpus, file_windows, sample_batch
 from .model import TransformerLM
-from .tasks import TASKS, VOCAB, make_batch
+from . import scan
+from .tasks import TASKS, VOCAB, make_batch, pad_instances
 
-__all__ = ["TextProblem", "TaskProblem", "rotary_swapped"]
+__all__ = ["TextProblem", "TaskProblem", "ScanProblem", "rotary_swapped"]
 
 RotaryFor = Callable[[int], RotaryEmbedding] | None
 
@@ -214,4 +215,84 @@ class TaskProblem:
                     correct += int(((predicted == y) | ~answer).all(dim=1).sum())
             p = correct / self.eval_instances
             results[str(n)] = {"accuracy": p, "se": math.sqrt(p * (1 - p) / self.eval_instances), "instances": self.eval_instances}
+        return results
+
+
+def _exact_matches(model: TransformerLM, instances: list, device) -> int:
+    """Instances whose every answer token is the model's most likely next token (= greedy decoding)."""
+    correct = 0
+    for start in range(0, len(instances), 128):
+        x, y = pad_instances(instances[start : start + 128], scan.PAD)  # (b, T) each
+        predicted = model(x.to(device)).argmax(dim=-1).cpu()  # (b, T)
+        correct += int(((predicted == y) | (y == -100)).all(dim=1).sum())
+    return correct
+
+
+class ScanProblem:
+    """SCAN's length split (:mod:`relpos.experiment.scan`): trained on commands of at most 22 actions,
+    tested on the commands of 24 to 48 actions, by action count (``eval_instances`` per count, a fixed
+    random sample; ``None``: all 3,920). A tenth of the training commands (a fixed
+    draw) is held out: the validation loss and the in-distribution accuracy (reported at length 22,
+    "at most 22 actions"). The answer ends with an end token, so stopping at the right length is
+    part of being correct (Newman et al. 2020 find that decision to be where length generalization fails)."""
+
+    metric, higher_is_better, vocab = "accuracy", True, scan.SCAN_VOCAB
+    task = "scan"
+
+    def __init__(self, *, eval_instances: int | None = None) -> None:
+        train, test = scan.length_split()
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
+        held = set(order[: len(train) // 10])
+        self._train = [scan.encode(c) for k, c in enumerate(train) if k not in held]
+        self._held = [scan.encode(c) for k, c in enumerate(train) if k in held]
+        self._groups: dict[int, list] = {scan.TRAIN_MAX_ACTIONS: self._held}
+        for command in test:
+            self._groups.setdefault(len(scan.actions(command)), []).append(scan.encode(command))
+        for n, group in self._groups.items():  # a fixed shuffle: the first ``eval_instances`` are a fair sample
+            order = torch.randperm(len(group), generator=torch.Generator().manual_seed(n)).tolist()
+            self._groups[n] = [group[k] for k in order]
+        self.lengths = sorted(self._groups)
+        self.trained_lengths = [scan.TRAIN_MAX_ACTIONS]
+        self.train_len = max(t.numel() for t, _ in self._train) - 1  # the longest input trained on
+        self.eval_instances = eval_instances
+
+    def describe(self) -> str:
+        return (f"SCAN, length split (Lake & Baroni 2018): trained on {len(self._train)} commands of at most "
+                f"{scan.TRAIN_MAX_ACTIONS} actions (inputs up to {self.train_len} tokens; {len(self._held)} more held out, "
+                f"column {scan.TRAIN_MAX_ACTIONS}), tested on all {sum(len(g) for n, g in self._groups.items() if n > scan.TRAIN_MAX_ACTIONS)} "
+                "commands of 24 to 48 actions")
+
+    def batch(self, step_seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pick = torch.randint(0, len(self._train), (batch,), generator=torch.Generator().manual_seed(step_seed))  # (B,)
+        return pad_instances([self._train[k] for k in pick.tolist()], scan.PAD)
+
+    def input_length(self, n: int) -> int:
+        return max(t.numel() for t, _ in self._groups[n]) - 1
+
+    @torch.no_grad()
+    def validate(self, model: TransformerLM) -> float:
+        """The answer tokens' cross-entropy on the first 512 held-out training commands."""
+        model.eval()
+        x, y = pad_instances(self._held[:512], scan.PAD)  # (512, T) each
+        device = next(model.parameters()).device
+        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device), ignore_index=-100)
+        model.train()
+        return float(loss)
+
+    @torch.no_grad()
+    def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None) -> dict[str, dict | None]:
+        """Exact-match accuracy per action count (22: the held-out in-distribution commands)."""
+        model.eval()
+        device = next(model.parameters()).device
+        results: dict[str, dict | None] = {}
+        for n in self.lengths:
+            length, limit = self.input_length(n), model.max_length()
+            if limit is not None and length > limit:
+                results[str(n)] = None
+                continue
+            group = self._groups[n][: self.eval_instances] if self.eval_instances else self._groups[n]
+            with _rotary(model, rotary_for, length):
+                p = _exact_matches(model, group, device) / len(group)
+            results[str(n)] = {"accuracy": p, "se": math.sqrt(p * (1 - p) / len(group)), "instances": len(group)}
+        model.train()
         return results

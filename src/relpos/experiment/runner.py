@@ -33,7 +33,7 @@ from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
 from .diagnostics import attention_by_distance
 from .model import LMConfig, TransformerLM
-from .problems import TaskProblem, TextProblem
+from .problems import ScanProblem, TaskProblem, TextProblem
 from ..encodings.buckets import relative_position_bucket
 from .report import compare_all, markdown_report, plot, summarize_runs
 from .variants import MODELS, ROPE_SCALING_ROWS, models, rope_scaling
@@ -129,7 +129,9 @@ _RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps",
                 "test_lengths", "eval_instances", "rope_scalings")
 
 
-def make_problem(config: RunConfig) -> TextProblem | TaskProblem:
+def make_problem(config: RunConfig) -> TextProblem | TaskProblem | ScanProblem:
+    if config.task == "scan":
+        return ScanProblem(eval_instances=config.eval_instances)
     if config.task != "text":
         return TaskProblem(config.task, train_max=config.train_max, test_lengths=config.test_lengths,
                            eval_instances=config.eval_instances)

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["PLUS", "SEP", "PAD", "BOS", "VOCAB", "Task", "TASKS", "make_batch"]
+__all__ = ["PLUS", "SEP", "PAD", "BOS", "VOCAB", "Task", "TASKS", "make_batch", "pad_instances"]
 
 PLUS, SEP, PAD, BOS = 10, 11, 12, 13  # digits are tokens 0 .. 9
 VOCAB = 14
@@ -91,9 +91,13 @@ def make_batch(task: Task, lengths: Sequence[int], generator: torch.Generator) -
     Right-padded with ``PAD`` (a causal model never looks at it); targets are ``-100`` (ignored
     by ``cross_entropy``) everywhere but on the answer's tokens.
     """
-    instances = [task.sample(int(n), generator) for n in lengths]
+    return pad_instances([task.sample(int(n), generator) for n in lengths])
+
+
+def pad_instances(instances: Sequence[tuple[torch.Tensor, int]], pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``(B, T)`` and answer targets ``(B, T)`` of ``(tokens, answer start)`` instances (see :func:`make_batch`)."""
     width = max(t.numel() for t, _ in instances) - 1
-    x = torch.full((len(instances), width), PAD, dtype=torch.long)  # (B, T)
+    x = torch.full((len(instances), width), pad, dtype=torch.long)  # (B, T)
     y = torch.full((len(instances), width), -100, dtype=torch.long)  # (B, T)
     for row, (tokens, start) in enumerate(instances):
         x[row, : tokens.numel() - 1] = tokens[:-1]
