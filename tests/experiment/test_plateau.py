@@ -117,3 +117,22 @@ def test_the_reference_preset_trains_to_a_plateau_with_a_bracketing_sweep():
     preset = ex.PRESETS["reference"]
     assert preset["max_steps"] > preset["steps"] and preset["eval_every"] > 0
     assert min(preset["lrs"]) < preset["lr"] < max(preset["lrs"])  # the previous grid's best (1e-2) is inside
+
+
+def test_resume_reads_a_run_saved_before_the_plateau_options_existed(tmp_path):
+    """A results.json without ``max_steps`` / ``val_windows`` was a fixed-budget run with the defaults:
+    resuming it with those defaults adds to it; asking for a plateau is refused (another training)."""
+    import json
+
+    config = _config(tmp_path, max_steps=0, eval_every=0)
+    ex.run(config)
+    path = tmp_path / "results.json"
+    saved = json.loads(path.read_text())
+    for key in ("max_steps", "val_windows"):
+        del saved["config"][key]
+    path.write_text(json.dumps(saved))
+    again = ex.run(_config(tmp_path, max_steps=0, eval_every=0, resume=True, encodings=("alibi", "rope")))
+    assert again["runs"]["alibi"]["0"]["train_seconds"] == saved["runs"]["alibi"]["0"]["train_seconds"]  # reused
+    assert "rope" in again["runs"]  # and the added model trained
+    with pytest.raises(ValueError, match="max_steps"):
+        ex.run(_config(tmp_path, max_steps=40, eval_every=0, resume=True))

@@ -394,7 +394,9 @@ def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
         return {}, {}
     saved = json.loads(path.read_text())
     requested = asdict(config)
-    _check_same(str(path), {k: saved["config"].get(k) for k in _RESUME_KEYS}, {k: requested.get(k) for k in _RESUME_KEYS})
+    defaults = asdict(RunConfig())  # an option newer than the saved run had its default value there
+    _check_same(str(path), {k: saved["config"].get(k, defaults[k]) for k in _RESUME_KEYS},
+                {k: requested.get(k) for k in _RESUME_KEYS})
     return saved["runs"], saved.get("sweep", {})
 
 
