@@ -136,3 +136,19 @@ def test_resume_reads_a_run_saved_before_the_plateau_options_existed(tmp_path):
     assert "rope" in again["runs"]  # and the added model trained
     with pytest.raises(ValueError, match="max_steps"):
         ex.run(_config(tmp_path, max_steps=40, eval_every=0, resume=True))
+
+
+def test_accuracy_past_training_among_the_seeds_that_learned_the_trained_lengths():
+    from relpos.experiment.report import learned_seeds
+
+    def run(at8, at10):
+        return {"eval": {"8": {"accuracy": at8}, "10": {"accuracy": at10}}}
+
+    report = {"trained_lengths": [4, 8], "lengths": [4, 8, 10],
+              "runs": {"a": {"0": run(0.95, 0.5), "1": run(0.5, 0.0), "2": run(0.9, 0.3)},  # seeds 0 and 2 learned n = 8
+                       "b": {"0": run(0.2, 0.0)},
+                       "c": {"0": {"eval": {"8": {"accuracy": 1.0}, "10": None}}}}}  # past its table
+    rows = learned_seeds(report)
+    assert rows["a"] == {"seeds": ["0", "2"], "accuracy": {"10": pytest.approx(0.4)}}
+    assert rows["b"] == {"seeds": [], "accuracy": {"10": None}}
+    assert rows["c"] == {"seeds": ["0"], "accuracy": {"10": None}}

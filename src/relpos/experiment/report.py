@@ -12,7 +12,7 @@ import torch
 from .stats import holm, paired_bootstrap, summarize
 from .variants import describe
 
-__all__ = ["summarize_runs", "per_file", "compare_all", "markdown_report", "ablation_table", "plot", "ranking",
+__all__ = ["summarize_runs", "per_file", "compare_all", "markdown_report", "ablation_table", "plot", "ranking", "learned_seeds",
            "ranking_markdown", "reciprocal_ranks", "SUCCESS", "KAZEMNEJAD_MRR"]
 
 #: a seed "succeeds" at a length when its exact-match accuracy there reaches this
@@ -264,6 +264,8 @@ def markdown_report(report: dict) -> str:
         f"{env['machine']}, {env['threads']} threads"
         + (f"; {report['wall_seconds'] / 60:.1f} min wall clock." if "wall_seconds" in report else "."),
     ]
+    if percent and report["trained_lengths"] and any(n > max(report["trained_lengths"]) for n in lengths):
+        lines += _learned_table(report)
     if "windows" not in report and any("curve" in r for seeds in report["runs"].values() for r in seeds.values()):
         lines += _training_table(report)
     if "windows" in report:
@@ -414,6 +416,36 @@ def ranking(reports: dict[str, dict], models: list[str] | None = None, *, resamp
             low, high = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
             interval[n] = [low, high]
     return {"tasks": per_task, "mrr": mrr, "mrr_ci95": interval, "uninformative": [t for t in reports if t not in counted]}
+
+
+def learned_seeds(report: dict) -> dict[str, dict]:
+    """Accuracy past training at matched in-distribution quality: per model, the seeds that reach
+    :data:`SUCCESS` at the longest trained length, and their mean accuracy at every longer length
+    (``{model: {"seeds": [...], "accuracy": {length: mean | None}}}``; no such seed: empty ``seeds``)."""
+    trained = str(max(report["trained_lengths"]))
+    past = [n for n in report["lengths"] if n > int(trained)]
+    out = {}
+    for name, seeds in report["runs"].items():
+        good = [k for k, r in seeds.items() if (r["eval"].get(trained) or {}).get("accuracy", 0) >= SUCCESS]
+        accuracy = {}
+        for n in past:
+            cells = [seeds[k]["eval"].get(str(n)) for k in good]
+            accuracy[str(n)] = None if not good or any(c is None for c in cells) else sum(_as_float(c["accuracy"]) for c in cells) / len(good)
+        out[name] = {"seeds": sorted(good, key=int), "accuracy": accuracy}
+    return out
+
+
+def _learned_table(report: dict) -> list[str]:
+    trained = max(report["trained_lengths"])
+    past = [n for n in report["lengths"] if n > trained]
+    lines = ["", f"At matched in-distribution quality: the seeds that reach {SUCCESS:.0%} at n = {trained} (the longest "
+                 "trained length) and their mean accuracy (%) past it", "",
+             "| model | seeds | " + " | ".join(f"n = {n}" for n in past) + " |", "|---|---|" + "---|" * len(past)]
+    for name, row in learned_seeds(report).items():
+        cells = [("n/a" if row["seeds"] else "") if v is None else f"{100 * v:.1f}" for v in row["accuracy"].values()]
+        total = len(report["runs"][name])
+        lines.append(f"| {describe(name)} | {len(row['seeds'])}/{total} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ranking_markdown(reports: dict[str, dict]) -> str:
