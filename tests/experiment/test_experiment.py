@@ -246,7 +246,7 @@ def test_tasks_command_runs_each_task_and_ranks(tmp_path, capsys):
 
 
 def test_tasks_options_are_validated(tmp_path):
-    for argv, message in ((["--tasks", "scan"], "--tasks must name"), (["--test-lengths", "8,4"], "increasing"),
+    for argv, message in ((["--tasks", "division"], "--tasks must name"), (["--test-lengths", "8,4"], "increasing"),
                           (["--train-max", "0"], "--train-max must be positive"), (["--encodings", ""], "--encodings is empty")):
         with pytest.raises(SystemExit) as stop:
             cli.main(["tasks", "--preset", "smoke", "--out", str(tmp_path), *argv])

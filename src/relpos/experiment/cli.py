@@ -21,8 +21,9 @@ __all__ = ["add_arguments", "add_task_arguments", "config_from_args", "task_conf
            "run_tasks_from_args", "main"]
 
 DEFAULT_TASKS = ("copy", "reverse", "sort")
-#: the reference preset's tasks: Kazemnejad et al.'s that fit the budget (sort is left out: it needs no positions)
-REFERENCE_TASKS = ("copy", "reverse", "addition", "parity", "summation")
+#: the reference preset's tasks: Kazemnejad et al.'s that fit the budget (sort is left out: it needs no
+#: positions) and SCAN's length split
+REFERENCE_TASKS = ("copy", "reverse", "addition", "parity", "summation", "scan")
 
 
 def _csv(kind, text: str, option: str) -> tuple:
@@ -51,7 +52,7 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
                              f"rope_randomized: RoPE at randomized positions, Ruoss et al. 2023; default: {', '.join(MODELS)}; "
-                             "the reference preset adds rope_randomized)")
+                             "the reference text preset adds rope_randomized; the tasks' reference preset runs every model)")
     parser.add_argument("--rope-scalings",
                         help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
                              f"from: {', '.join(ROPE_SCALING_ROWS)} (default: all; the reference presets: fewer)")
