@@ -89,8 +89,8 @@ def test_exact_match_is_greedy_decoding():
         while len(sequence) < tokens.numel():
             sequence.append(int(model(torch.tensor([sequence]))[0, -1].argmax()))
         assert int(sequence == tokens.tolist()) == expected  # what greedy decoding gives
-        assert _exact_matches(model, [(tokens, start)], "cpu") == expected
-    assert _exact_matches(model, [(right, right_start), (late, late_start)], "cpu") == 1  # padded together
+        assert _exact_matches(model, [(tokens, start)], "cpu", scan.PAD) == expected
+    assert _exact_matches(model, [(right, right_start), (late, late_start)], "cpu", scan.PAD) == 1  # padded together
 
 
 def test_runs_through_the_task_runner(tmp_path):

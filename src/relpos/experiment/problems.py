@@ -20,7 +20,7 @@ from ..encodings.rotary import RotaryEmbedding
 from .data import Corpus, file_windows, sample_batch
 from .model import TransformerLM
 from . import scan
-from .tasks import TASKS, VOCAB, make_batch, pad_instances
+from .tasks import PAD, TASKS, VOCAB, make_batch, pad_instances
 
 __all__ = ["TextProblem", "TaskProblem", "ScanProblem", "rotary_swapped"]
 
@@ -179,50 +179,57 @@ class TaskProblem:
     def input_length(self, n: int) -> int:
         return self.task.sequence_length(n) - 1
 
-    @torch.no_grad()
     def validate(self, model: TransformerLM) -> float:
         """In-distribution validation: the answer tokens' cross-entropy on 256 fixed instances of the
         trained lengths (learning curves and the learning-rate choice)."""
-        model.eval()
-        device = next(model.parameters()).device
         generator = torch.Generator().manual_seed(7_777_777)  # never a training or test seed's stream
         lengths = torch.randint(1, self.train_max + 1, (256,), generator=generator)  # (256,)
-        x, y = make_batch(self.task, lengths.tolist(), generator)  # (256, T) each
-        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device), ignore_index=-100)
-        model.train()
-        return float(loss)
+        return _answer_loss(model, *make_batch(self.task, lengths.tolist(), generator))
 
-    @torch.no_grad()
     def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None) -> dict[str, dict | None]:
         """Exact-match accuracy (and its binomial standard error) at each instance length."""
-        model.eval()
-        device = next(model.parameters()).device
-        results: dict[str, dict | None] = {}
-        for n in self.lengths:
-            length = self.input_length(n)
-            limit = model.max_length()
-            if limit is not None and length > limit:
-                results[str(n)] = None
-                continue
-            generator = torch.Generator().manual_seed(1_000_003 * n + 17)  # the same test set for every model and seed
-            correct = 0
-            with _rotary(model, rotary_for, length):
-                for start in range(0, self.eval_instances, 64):
-                    count = min(64, self.eval_instances - start)
-                    x, y = make_batch(self.task, [n] * count, generator)  # (b, T) each
-                    predicted = model(x.to(device)).argmax(dim=-1).cpu()  # (b, T)
-                    answer = y != -100
-                    correct += int(((predicted == y) | ~answer).all(dim=1).sum())
-            p = correct / self.eval_instances
-            results[str(n)] = {"accuracy": p, "se": math.sqrt(p * (1 - p) / self.eval_instances), "instances": self.eval_instances}
-        return results
+        return _accuracy_by_length(model, rotary_for, self.lengths, self.input_length, self._test_instances, PAD)
+
+    def _test_instances(self, n: int) -> list[tuple[torch.Tensor, int]]:
+        generator = torch.Generator().manual_seed(1_000_003 * n + 17)  # the same test set for every model and seed
+        return [self.task.sample(n, generator) for _ in range(self.eval_instances)]
 
 
-def _exact_matches(model: TransformerLM, instances: list, device) -> int:
+@torch.no_grad()
+def _answer_loss(model: TransformerLM, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The answer tokens' cross-entropy of a padded batch ``x``, ``y``: (B, T) each."""
+    model.eval()
+    device = next(model.parameters()).device
+    loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device), ignore_index=-100)
+    model.train()
+    return float(loss)
+
+
+@torch.no_grad()
+def _accuracy_by_length(model: TransformerLM, rotary_for: RotaryFor, lengths, input_length, instances, pad: int) -> dict:
+    """Exact-match accuracy and its binomial standard error per length ``n`` (``None`` past a learned
+    table), on the ``instances(n)`` of each, the model's inputs up to ``input_length(n)`` tokens."""
+    model.eval()
+    device = next(model.parameters()).device
+    results: dict[str, dict | None] = {}
+    for n in lengths:
+        length, limit = input_length(n), model.max_length()
+        if limit is not None and length > limit:
+            results[str(n)] = None  # positions past the learned table do not exist
+            continue
+        group = instances(n)
+        with _rotary(model, rotary_for, length):
+            p = _exact_matches(model, group, device, pad) / len(group)
+        results[str(n)] = {"accuracy": p, "se": math.sqrt(p * (1 - p) / len(group)), "instances": len(group)}
+    model.train()
+    return results
+
+
+def _exact_matches(model: TransformerLM, instances: list, device, pad: int, chunk: int = 64) -> int:
     """Instances whose every answer token is the model's most likely next token (= greedy decoding)."""
     correct = 0
-    for start in range(0, len(instances), 128):
-        x, y = pad_instances(instances[start : start + 128], scan.PAD)  # (b, T) each
+    for start in range(0, len(instances), chunk):
+        x, y = pad_instances(instances[start : start + chunk], pad)  # (b, T) each
         predicted = model(x.to(device)).argmax(dim=-1).cpu()  # (b, T)
         correct += int(((predicted == y) | (y == -100)).all(dim=1).sum())
     return correct
@@ -269,30 +276,13 @@ class ScanProblem:
     def input_length(self, n: int) -> int:
         return max(t.numel() for t, _ in self._groups[n]) - 1
 
-    @torch.no_grad()
     def validate(self, model: TransformerLM) -> float:
         """The answer tokens' cross-entropy on the first 512 held-out training commands."""
-        model.eval()
-        x, y = pad_instances(self._held[:512], scan.PAD)  # (512, T) each
-        device = next(model.parameters()).device
-        loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.flatten().to(device), ignore_index=-100)
-        model.train()
-        return float(loss)
+        return _answer_loss(model, *pad_instances(self._held[:512], scan.PAD))
 
-    @torch.no_grad()
     def evaluate(self, model: TransformerLM, rotary_for: RotaryFor = None) -> dict[str, dict | None]:
         """Exact-match accuracy per action count (22: the held-out in-distribution commands)."""
-        model.eval()
-        device = next(model.parameters()).device
-        results: dict[str, dict | None] = {}
-        for n in self.lengths:
-            length, limit = self.input_length(n), model.max_length()
-            if limit is not None and length > limit:
-                results[str(n)] = None
-                continue
-            group = self._groups[n][: self.eval_instances] if self.eval_instances else self._groups[n]
-            with _rotary(model, rotary_for, length):
-                p = _exact_matches(model, group, device) / len(group)
-            results[str(n)] = {"accuracy": p, "se": math.sqrt(p * (1 - p) / len(group)), "instances": len(group)}
-        model.train()
-        return results
+        return _accuracy_by_length(model, rotary_for, self.lengths, self.input_length, self._test_instances, scan.PAD)
+
+    def _test_instances(self, n: int) -> list[tuple[torch.Tensor, int]]:
+        return self._groups[n][: self.eval_instances] if self.eval_instances else self._groups[n]
