@@ -152,3 +152,25 @@ def test_accuracy_past_training_among_the_seeds_that_learned_the_trained_lengths
     assert rows["a"] == {"seeds": ["0", "2"], "accuracy": {"10": pytest.approx(0.4)}}
     assert rows["b"] == {"seeds": [], "accuracy": {"10": None}}
     assert rows["c"] == {"seeds": ["0"], "accuracy": {"10": None}}
+
+
+def test_plateau_from_delays_the_rule_and_equal_to_max_steps_is_a_fixed_budget(tmp_path, monkeypatch):
+    flat = [10.0, 5.0] + [2.0] * 30  # flat from step 4: the rule holds at every point from 8 on
+    _scripted(monkeypatch, flat)
+    run = ex.run(_config(tmp_path / "a", plateau_from=20))["runs"]["alibi"]["0"]
+    assert run["stable_end"] == 20 and run["capped"] is False  # not before step 20
+    _scripted(monkeypatch, flat)
+    run = ex.run(_config(tmp_path / "b", plateau_from=24, max_steps=24))["runs"]["alibi"]["0"]
+    assert run["stable_end"] == 24 and run["plateau"]["reached"] is True  # the budget, and the rule reported
+    assert run["steps"] == 24 + ex.cooldown_steps(24)
+
+
+def test_plateau_from_is_validated(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    for argv in (["--plateau-from", "50", "--max-steps", "40", "--eval-every", "4"], ["--plateau-from", "8"]):
+        args = parser.parse_args(["--preset", "smoke", "--out", str(tmp_path / "never"), *argv])
+        with pytest.raises(ValueError, match="--plateau-from must be between 0 and --max-steps"):
+            cli.config_from_args(args)

@@ -65,7 +65,10 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--max-steps", type=int,
                         help="train to a plateau: the constant rate until the validation loss gains < 1%% over the last "
                              "20%% of the steps (checked at every --eval-every, from --steps on) or this many steps, then a "
-                             "cool-down of 20%% of the steps done (0: exactly --steps, cosine; the reference text preset: 5000)")
+                             "cool-down of 20%% of the steps done (0: exactly --steps, cosine; the reference text preset: 3000, with --plateau-from 3000)")
+    parser.add_argument("--plateau-from", type=int,
+                        help="with --max-steps: the first step at which the plateau rule may end the constant rate "
+                             "(default: --steps; equal to --max-steps: a fixed budget, the rule only reported)")
     parser.add_argument("--rope-factor", type=float, help="the fixed RoPE scaling factor (default: longest evaluation length / training length)")
     parser.add_argument("--estimate-only", action="store_true", help="print the estimated time of the run (measured steps) and stop")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
@@ -113,6 +116,10 @@ def _check_plateau(preset: dict) -> None:
     max_steps, steps = preset.get("max_steps", 0), preset["steps"]
     if max_steps < 0 or 0 < max_steps < steps:
         raise ValueError(f"--max-steps must be 0 (exactly --steps) or >= --steps ({steps}), got {max_steps}")
+    plateau_from = preset.get("plateau_from", 0)
+    if plateau_from < 0 or (plateau_from and not max_steps) or plateau_from > max_steps:
+        raise ValueError(f"--plateau-from must be between 0 and --max-steps ({max_steps}) and needs --max-steps, "
+                         f"got {plateau_from}")
     if max_steps and not preset.get("eval_every"):
         raise ValueError("--max-steps (training to a plateau) checks the rule at learning-curve points: "
                          "give --eval-every > 0, e.g. 100")
@@ -148,6 +155,8 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         preset["eval_every"] = args.eval_every
     if args.max_steps is not None:
         preset["max_steps"] = args.max_steps
+    if args.plateau_from is not None:
+        preset["plateau_from"] = args.plateau_from
     _check_plateau(preset)
     if args.rope_factor is not None:
         if not (math.isfinite(args.rope_factor) and args.rope_factor >= 1):

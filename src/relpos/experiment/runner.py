@@ -48,11 +48,12 @@ PRESETS: dict[str, dict] = {
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536,
                  max_bytes=None, seeds=(0, 1, 2)),
     # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding
-    # (1000 steps of each constant rate), every model trained to a plateau (at most 5000 steps, then
-    # the cool-down), learning curves, 1 MB of held-out text from many files at every length, a second
-    # corpus (C headers), bootstrap intervals (--estimate-only prints the estimate from measured step
-    # and evaluation times; docs/extrapolate.md gives the measured time)
-    "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, max_steps=5000, lr=1e-2,
+    # (1000 steps of each constant rate), every model trained 3000 steps at its constant rate and
+    # 600 of cool-down, the plateau rule checked at the end of the constant rate (a rule that may
+    # stop earlier stopped runs on temporary plateaus: docs/extrapolate.md), learning curves, 1 MB
+    # of held-out text from many files at every length, a second corpus (C headers), bootstrap
+    # intervals (--estimate-only prints the estimate; docs/extrapolate.md gives the measured time)
+    "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, max_steps=3000, plateau_from=3000, lr=1e-2,
                       lrs=(3e-3, 1e-2, 3e-2), eval_every=100, val_windows=512, eval_tokens=1_048_576, max_bytes=None,
                       seeds=(0, 1, 2), encodings=(*MODELS, "rope_randomized"),
                       second_corpus="/usr/include", second_eval_tokens=131_072,
@@ -98,6 +99,7 @@ class RunConfig:
     # > 0: train to a plateau (the constant rate until the plateau rule holds, at least ``steps`` and
     # at most ``max_steps``, then a cool-down of COOLDOWN x the steps done); 0: exactly ``steps``
     max_steps: int = 0
+    plateau_from: int = 0  # the first step at which the plateau rule may end the constant rate (0: ``steps``)
     rope_factor: float | None = None  # the fixed RoPE scaling factor (None: the longest length / train length)
     # text
     train_len: int = 64
@@ -124,7 +126,7 @@ class RunConfig:
 
 
 # what a result depends on: resuming with any of it changed is refused
-_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "lr", "lrs", "eval_every", "rope_factor",
+_RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "plateau_from", "lr", "lrs", "eval_every", "rope_factor",
                 "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
                 "test_lengths", "eval_instances", "rope_scalings")
@@ -278,8 +280,9 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
     ``resume``, or ``reuse``: a checkpoint this run wrote, the sweep's run of the chosen rate).
 
     A fixed budget trains ``steps``. With ``max_steps`` the run trains to a plateau: the constant
-    rate until the plateau rule holds at a learning-curve point (after at least ``steps``) or
-    ``max_steps`` is reached, then the cool-down; a ``sweep`` run stops after ``steps`` of the
+    rate until the plateau rule holds at a learning-curve point (from ``plateau_from``, at least
+    ``steps``) or ``max_steps`` is reached, then the cool-down (``plateau_from == max_steps``: a fixed
+    budget at the constant rate, the rule only checked); a ``sweep`` run stops after ``steps`` of the
     constant rate, which are the first steps of the full run (so the chosen rate's run goes on from it).
     Returns the model, the training losses, the learning curve ``[(step, validation loss)]``, the
     seconds and the step where the constant rate ended (``None``: a fixed budget or a sweep run)."""
@@ -323,7 +326,7 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
         curve.append((0, problem.validate(model)))
     step = start
     while final is None:  # the constant rate, one learning-curve point at a time, until the plateau
-        if step >= config.max_steps or (step >= config.steps and curve and curve[-1][0] == step
+        if step >= config.max_steps or (step >= max(config.steps, config.plateau_from) and curve and curve[-1][0] == step
                                         and plateau(curve, step)["reached"]):
             stable_end, final = step, step + cooldown_steps(step)
             save(step)
