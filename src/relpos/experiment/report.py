@@ -172,8 +172,11 @@ def _training_table(report: dict) -> list[str]:
     """Per model: the chosen learning rate, the in-distribution validation loss at the end, the
     plateau rule (seeds where it held) and, when training to a plateau, the steps it took."""
     runs, to_plateau = report["runs"], bool(report["config"].get("max_steps"))
-    rule = ("the constant rate's plateau (the rule checked every learning-curve point; capped: max_steps reached "
-            "first) and the steps with the cool-down" if to_plateau else "the plateau rule at the end of the budget")
+    config = report["config"]
+    start = max(config.get("plateau_from") or 0, config["steps"])
+    rule = (f"the constant rate's plateau (the rule checked at every learning-curve point from step {start}; capped: "
+            f"{config.get('max_steps')} steps reached first) and the steps with the cool-down" if to_plateau
+            else "the plateau rule at the end of the budget")
     lines = ["", f"Learning rate chosen on in-distribution validation, {rule}", "",
              "| model | learning rate | validation (first seed) | plateaued (seeds) |" + (" steps to the plateau | steps in all |" if to_plateau else ""),
              "|---|---|---|---|" + ("---|---|" if to_plateau else "")]
