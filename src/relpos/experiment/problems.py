@@ -266,8 +266,12 @@ class ScanProblem:
     def describe(self) -> str:
         return (f"SCAN, length split (Lake & Baroni 2018): trained on {len(self._train)} commands of at most "
                 f"{scan.TRAIN_MAX_ACTIONS} actions (inputs up to {self.train_len} tokens; {len(self._held)} more held out, "
-                f"column {scan.TRAIN_MAX_ACTIONS}), tested on all {sum(len(g) for n, g in self._groups.items() if n > scan.TRAIN_MAX_ACTIONS)} "
-                "commands of 24 to 48 actions")
+                f"column {scan.TRAIN_MAX_ACTIONS}), tested on {self._tested()} of the "
+                f"{sum(len(g) for n, g in self._groups.items() if n > scan.TRAIN_MAX_ACTIONS)} commands of 24 to 48 actions "
+                f"({'all' if not self.eval_instances else f'at most {self.eval_instances} per action count, a fixed random sample'})")
+
+    def _tested(self) -> int:
+        return sum(len(self._test_instances(n)) for n in self.lengths if n > scan.TRAIN_MAX_ACTIONS)
 
     def batch(self, step_seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         pick = torch.randint(0, len(self._train), (batch,), generator=torch.Generator().manual_seed(step_seed))  # (B,)
