@@ -168,12 +168,28 @@ def _p_text(p: float) -> str:
     return "< 1e-300" if p < 1e-300 else f"{p:.3g}"
 
 
+def _plateau_start(config: dict) -> int:
+    """The first step at which the plateau rule may end a run's constant rate."""
+    return max(config.get("plateau_from") or 0, config["steps"])
+
+
+def _budget(config: dict) -> str:
+    """How the run was trained, in words (a fixed cosine budget, a fixed constant-rate budget, or to a plateau)."""
+    cool = "then a linear cool-down over 20% of the steps done"
+    if not config.get("max_steps"):
+        return f"Trained for {config['steps']} steps of {config['batch']}"
+    if _plateau_start(config) >= config["max_steps"]:
+        return (f"Trained {config['max_steps']} steps at a constant rate, {cool}, in batches of {config['batch']} "
+                "(the plateau rule checked at the end of the constant rate)")
+    return (f"Trained to a plateau (at least {_plateau_start(config)}, at most {config['max_steps']} steps of the constant "
+            f"rate, {cool}) in batches of {config['batch']}")
+
+
 def _training_table(report: dict) -> list[str]:
     """Per model: the chosen learning rate, the in-distribution validation loss at the end, the
     plateau rule (seeds where it held) and, when training to a plateau, the steps it took."""
-    runs, to_plateau = report["runs"], bool(report["config"].get("max_steps"))
-    config = report["config"]
-    start = max(config.get("plateau_from") or 0, config["steps"])
+    runs, config = report["runs"], report["config"]
+    to_plateau, start = bool(config.get("max_steps")), _plateau_start(config)
     rule = (f"the constant rate's plateau (the rule checked at every learning-curve point from step {start}; capped: "
             f"{config.get('max_steps')} steps reached first) and the steps with the cool-down" if to_plateau
             else "the plateau rule at the end of the budget")
@@ -257,10 +273,7 @@ def markdown_report(report: dict) -> str:
         f"{what}. Mean ± standard deviation over {len(config['seeds'])} seeds ({seeds})"
         + (f", (k/n): seeds reaching {SUCCESS:.0%}" if percent else "") + "; the evaluation's own "
         f"standard error per cell is at most {max(ses) * (100 if percent else 1):.3f}." if ses else "",
-        (f"Trained to a plateau (at least {config['steps']}, at most {config['max_steps']} steps of the constant rate, then "
-         f"a linear cool-down over 20% of the steps done) in batches of {config['batch']}" if config.get("max_steps") else
-         f"Trained for {config['steps']} steps of {config['batch']}")
-        + f" (width {config['dim']}, {config['layers']} layers, "
+        _budget(config) + f" (width {config['dim']}, {config['layers']} layers, "
         f"{config['heads']} heads, " + (f"learning rate chosen per model from {', '.join(f'{v:g}' for v in config['lrs'])}"
                                          if len(config.get("lrs") or ()) > 1 else f"learning rate {config['lr']}")
         + f"); relpos {env['relpos']}, torch {env['torch']}, "
