@@ -4,6 +4,7 @@ bootstrap and Holm on known cases, held-out files, and resume across the sweep s
 import gzip
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -292,3 +293,18 @@ def test_attention_by_distance_on_uniform_attention():
         assert value == pytest.approx(float(share[lo:hi].sum()), abs=1e-6)
     assert got["past_training"] == pytest.approx(float(share[8:].sum()), abs=1e-6)
     assert [b.attn.backend for b in model.blocks] == before  # the eager path was only borrowed
+
+
+def test_rank_zero_borrows_the_waiting_ranks_threads_and_gives_them_back():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with ex._every_thread(world=1):
+            assert torch.get_num_threads() == 1  # alone: nothing to borrow
+        with pytest.raises(RuntimeError, match="evaluation failed"):
+            with ex._every_thread(world=2):
+                assert torch.get_num_threads() == min(os.cpu_count() or 1, 2)
+                raise RuntimeError("evaluation failed")
+        assert torch.get_num_threads() == 1  # restored on the error too
+    finally:
+        torch.set_num_threads(before)

@@ -12,6 +12,7 @@ nccl on GPU): each rank trains on its slice of the same global batch.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -490,11 +491,45 @@ def estimate(config: RunConfig, problem, plan: list[tuple[str, LMConfig]], lrs: 
     return {"seconds": total, "models": per_model}
 
 
-def _evaluate_with_every_thread(world: int) -> None:
+@contextlib.contextmanager
+def _every_thread(world: int):
     """Under torchrun rank 0 evaluates alone while the other ranks wait at their next collective:
-    it takes their threads for the evaluation (the caller restores its own count)."""
+    it borrows their threads for the evaluation and gives them back after it (also on an error)."""
+    threads = torch.get_num_threads()
     if world > 1:
-        torch.set_num_threads(min(os.cpu_count() or 1, torch.get_num_threads() * world))
+        torch.set_num_threads(min(os.cpu_count() or 1, threads * world))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _diagnostics(model: TransformerLM, problem) -> dict:
+    """What a trained model records beside its evaluation: the second corpus, T5's bucket values
+    and the attention mass by distance at the first and last length (where the problem has them)."""
+    extra = {}
+    if getattr(problem, "second", None) is not None:
+        extra["eval_second"] = problem.evaluate(model, which="second")
+    buckets = t5_buckets(model, problem.train_len)
+    if buckets is not None:
+        extra["t5_buckets"] = buckets
+    if hasattr(problem, "attention_windows"):
+        extra["attention"] = {str(n): attention_by_distance(model, problem.attention_windows(n), problem.train_len)
+                              for n in (problem.lengths[0], problem.lengths[-1])
+                              if model.max_length() is None or n <= model.max_length()}
+    return extra
+
+
+def _log_run(progress, problem, name: str, seed: int, lr: float, run_: dict, stable_end, began: float) -> None:
+    """One plain line per finished (model, seed): the metric at the first and last length and how it trained."""
+    cells = run_["eval"]
+    first, last = cells.get(str(problem.lengths[0])), cells.get(str(problem.lengths[-1]))
+    show = lambda c: "n/a" if c is None else f"{c[problem.metric]:.4f}"  # noqa: E731
+    trained = (f"{run_['steps']} steps" if stable_end is None else
+               f"{'capped' if run_['capped'] else 'plateau'} at step {stable_end}, {run_['steps']} steps")
+    _log(progress, f"{name} seed {seed} lr {lr:g}: {problem.metric} {show(first)} at {problem.lengths[0]}, "
+                   f"{show(last)} at {problem.lengths[-1]} ({trained}, {run_['train_seconds']:.0f} s training, "
+                   f"{(time.perf_counter() - began) / 60:.1f} min so far)")
 
 
 def _log(progress, line: str) -> None:
@@ -573,7 +608,6 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     chosen = (_sweep(plan, lrs, problem, config, rank, world, progress, previous_sweep, report, results_path)
               if len(lrs) > 1 else {name: lrs[0] for name, _ in plan})
     report["chosen_lr"] = chosen
-    threads = torch.get_num_threads()
     for name, lm_config in plan:
         for seed in config.seeds:
             key = str(seed)
@@ -588,39 +622,22 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
             model, losses, curve, seconds, stable_end = _train(name, lm_config, seed, lr, problem, config, rank, world,
                                                                progress, reuse=len(lrs) > 1 and seed == config.seeds[0])
             if rank == 0:
-                _evaluate_with_every_thread(world)
-                extra = {"lr": lr, "curve": curve, **_schedule(curve, config, stable_end, len(losses))}
-                if getattr(problem, "second", None) is not None:
-                    extra["eval_second"] = problem.evaluate(model, which="second")
-                buckets = t5_buckets(model, problem.train_len)
-                if buckets is not None:
-                    extra["t5_buckets"] = buckets
-                if hasattr(problem, "attention_windows"):
-                    extra["attention"] = {str(n): attention_by_distance(model, problem.attention_windows(n), problem.train_len)
-                                          for n in (problem.lengths[0], problem.lengths[-1])
-                                          if model.max_length() is None or n <= model.max_length()}
-                report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
-                progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
-                if _plain_rope(lm_config):
-                    for kind in scalings:
-                        head_dim = lm_config.dim // lm_config.heads
-                        rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731
-                            kind, head_dim, length, problem.train_len, rope_factor)
-                        evals = problem.evaluate(model, rotary_for)
-                        report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
-                            model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
-                        progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
-                _write_report(report, windows, config)  # after every model: a kill loses one
-                torch.set_num_threads(threads)
-                cells = report["runs"][name][key]["eval"]
-                first, last = cells.get(str(problem.lengths[0])), cells.get(str(problem.lengths[-1]))
-                show = lambda c: "n/a" if c is None else f"{c[problem.metric]:.4f}"  # noqa: E731
-                run_ = report["runs"][name][key]
-                trained = (f"{run_['steps']} steps" if stable_end is None else
-                           f"{'capped' if run_['capped'] else 'plateau'} at step {stable_end}, {run_['steps']} steps")
-                _log(progress, f"{name} seed {seed} lr {lr:g}: {problem.metric} {show(first)} at {problem.lengths[0]}, "
-                               f"{show(last)} at {problem.lengths[-1]} ({trained}, {seconds:.0f} s training, "
-                               f"{(time.perf_counter() - began) / 60:.1f} min so far)")
+                with _every_thread(world):
+                    extra = {"lr": lr, "curve": curve, **_schedule(curve, config, stable_end, len(losses)),
+                             **_diagnostics(model, problem)}
+                    report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
+                    progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
+                    if _plain_rope(lm_config):
+                        for kind in scalings:
+                            head_dim = lm_config.dim // lm_config.heads
+                            rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731
+                                kind, head_dim, length, problem.train_len, rope_factor)
+                            evals = problem.evaluate(model, rotary_for)
+                            report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
+                                model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
+                            progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
+                    _write_report(report, windows, config)  # after every model: a kill loses one
+                _log_run(progress, problem, name, seed, lr, report["runs"][name][key], stable_end, began)
     progress.close()
     if rank == 0:
         report["summary"] = summarize_runs(report)
