@@ -52,7 +52,7 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
                              f"rope_randomized: RoPE at randomized positions, Ruoss et al. 2023; default: {', '.join(MODELS)}; "
-                             "the reference text preset adds rope_randomized; the tasks' reference preset runs every model)")
+                             "the reference presets run every model)")
     parser.add_argument("--rope-scalings",
                         help="RoPE scalings evaluated on the trained RoPE model, no fine-tuning (empty: none), "
                              f"from: {', '.join(ROPE_SCALING_ROWS)} (default: all; the reference presets: fewer)")

@@ -48,7 +48,7 @@ PRESETS: dict[str, dict] = {
     # longer and larger, for better numbers: several times the default run's time
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536,
                  max_bytes=None, seeds=(0, 1, 2)),
-    # the committed evidence (docs/extrapolate.md, "reference"): a learning-rate sweep per encoding
+    # the committed evidence (docs/extrapolate.md, "reference"): every model, a learning-rate sweep per encoding
     # (1000 steps of each constant rate), every model trained 3000 steps at its constant rate and
     # 600 of cool-down, the plateau rule checked at the end of the constant rate (a rule that may
     # stop earlier stopped runs on temporary plateaus: docs/extrapolate.md), learning curves, 1 MB
@@ -56,7 +56,7 @@ PRESETS: dict[str, dict] = {
     # intervals (--estimate-only prints the estimate; docs/extrapolate.md gives the measured time)
     "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, max_steps=3000, plateau_from=3000, lr=1e-2,
                       lrs=(3e-3, 1e-2, 3e-2), eval_every=100, val_windows=512, eval_tokens=1_048_576, max_bytes=None,
-                      seeds=(0, 1, 2), encodings=(*MODELS, "rope_randomized"),
+                      seeds=(0, 1, 2), encodings=ALL_MODELS,
                       second_corpus="/usr/include", second_eval_tokens=131_072,
                       rope_scalings=("linear", "dynamic", "yarn", "linear-oracle", "yarn-oracle")),
     # seconds: for tests and a first look
