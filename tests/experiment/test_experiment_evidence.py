@@ -308,3 +308,47 @@ def test_rank_zero_borrows_the_waiting_ranks_threads_and_gives_them_back():
         assert torch.get_num_threads() == 1  # restored on the error too
     finally:
         torch.set_num_threads(before)
+
+
+def test_fire_normalizer_ablation_changes_only_the_queries_past_the_threshold():
+    from relpos.encodings.bias import OffsetBias
+    from relpos.encodings.fire import FIREBias
+    from relpos.experiment.diagnostics import fire_normalizer_ablation, fixed_fire_normalizer
+
+    torch.manual_seed(0)
+    model = TransformerLM(LMConfig(encoding="fire", train_len=8, **SIZES))
+    fires = [m for m in model.modules() if isinstance(m, FIREBias)]
+    assert fires
+    for fire in fires:
+        fire.L_multiplier.data.fill_(8 / float(fire.init_L))  # threshold L = 8
+        torch.nn.init.normal_(fire.mlp[2].weight, std=3.0)  # a bias large enough to change the loss
+    x = torch.randint(0, 256, (3, 24))
+    y = torch.randint(0, 256, (3, 24))
+    short = fire_normalizer_ablation(model, x[:, :8], y[:, :8], train_len=8)
+    assert short["fixed_normalizer"] == pytest.approx(short["as_trained"], abs=1e-6)  # every query within L: no change
+    long = fire_normalizer_ablation(model, x, y, train_len=8)
+    assert long["fixed_normalizer"][0] == pytest.approx(long["as_trained"][0], abs=1e-6)  # queries 0..7: within L
+    assert abs(long["fixed_normalizer"][2] - long["as_trained"][2]) > 1e-3  # queries 16..23: normalized differently
+    assert long["threshold"] == pytest.approx([8.0] * len(fires)) and long["length"] == 24
+    with fixed_fire_normalizer(model):
+        assert isinstance(fires[0].resolve(24, 24), OffsetBias)  # psi(L) for every query: per offset
+    assert "per_offset" not in vars(fires[0])  # the patch is gone
+    assert isinstance(fires[0].resolve(24, 24), torch.Tensor)  # past L: the exact dense bias again
+    assert model.training  # the ablation restores the mode it found
+    plain = TransformerLM(LMConfig(encoding="alibi", train_len=8, **SIZES))
+    assert fire_normalizer_ablation(plain, x, y, train_len=8) is None
+
+
+def test_a_text_run_records_fire_normalizer_ablation_for_fire_only(tmp_path):
+    from relpos.experiment.problems import TextProblem
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(60):
+        (folder / f"m{i}.py").write_text(f"value_{i} = {i} * 2\n" * 40)
+    problem = TextProblem(load_corpus(folder), train_len=8, multipliers=(1, 2), eval_tokens=256)
+    torch.manual_seed(0)
+    fire = ex._diagnostics(TransformerLM(LMConfig(encoding="fire", train_len=8, **SIZES)), problem)
+    assert fire["fire_normalizer"]["length"] == 16 and len(fire["fire_normalizer"]["as_trained"]) == 2
+    alibi = ex._diagnostics(TransformerLM(LMConfig(encoding="alibi", train_len=8, **SIZES)), problem)
+    assert "fire_normalizer" not in alibi and "attention" in alibi

@@ -14,11 +14,12 @@ from unittest import mock
 
 import torch
 
+from ..encodings.fire import FIREBias
 from .model import TransformerLM
 
 from ..backends import dispatch as _attention
 
-__all__ = ["distance_bins", "attention_by_distance"]
+__all__ = ["distance_bins", "attention_by_distance", "fixed_fire_normalizer", "fire_normalizer_ablation"]
 
 
 def distance_bins(length: int) -> list[tuple[int, int]]:
@@ -75,3 +76,41 @@ def attention_by_distance(model: TransformerLM, tokens: torch.Tensor, train_len:
     return {"bins": [list(b) for b in bins], "share": [float(share[lo:hi].sum()) for lo, hi in bins],
             "past_training": float(share[train_len:].sum()), "length": length,
             "mean_distance": float((share * torch.arange(length)).sum()), "log2_length": math.log2(length)}
+
+
+@contextlib.contextmanager
+def fixed_fire_normalizer(model: TransformerLM):
+    """Every FIRE bias of ``model`` normalizes every query by ``psi(L)``, as it does for the queries
+    up to its threshold ``L``, instead of by ``psi(max(L, i))``: past ``L`` a distance then reaches
+    the MLP as the same input at every position (inputs above 1 for distances past ``L``). Patches
+    the instances (an attribute shadowing ``per_offset``) and removes the patch on exit."""
+    fires = [m for m in model.modules() if isinstance(m, FIREBias)]
+    for fire in fires:
+        fire.per_offset = lambda query_length, q_offset=0: True  # the per-offset path: normalizer psi(L)
+    try:
+        yield fires
+    finally:
+        for fire in fires:
+            del fire.per_offset
+
+
+@torch.no_grad()
+def fire_normalizer_ablation(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, train_len: int) -> dict | None:
+    """Tests whether FIRE's loss past the training length comes from its position normalization:
+    bits per byte of each ``train_len``-long stretch of the windows ``x`` -> ``y`` ((N, L) each), as
+    trained and with :func:`fixed_fire_normalizer`. ``None`` for a model without FIRE."""
+    if not any(isinstance(m, FIREBias) for m in model.modules()):
+        return None
+    was_training = model.training
+    model.eval()
+
+    def by_stretch() -> list[float]:
+        nats = torch.nn.functional.cross_entropy(model(x).transpose(1, 2), y, reduction="none")  # (N, L)
+        return (nats.mean(0).view(-1, train_len).mean(1) / math.log(2)).tolist()  # (L / train_len,)
+
+    as_trained = by_stretch()
+    with fixed_fire_normalizer(model) as fires:
+        fixed = by_stretch()
+    model.train(was_training)
+    return {"as_trained": as_trained, "fixed_normalizer": fixed, "windows": x.shape[0], "length": x.shape[1],
+            "threshold": [float(f.threshold()) for f in fires]}

@@ -89,6 +89,11 @@ class TextProblem:
         """The first ``count`` held-out windows at ``length`` (the attention diagnostic's input): (n, L)."""
         return self._windows["main", length][0][:count]
 
+    def held_out(self, length: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``count`` held-out windows at ``length`` and their next bytes: (n, L) each."""
+        x, y, _ = self._windows["main", length]
+        return x[:count], y[:count]
+
     def batch(self, step_seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_batch(self.corpus.train, batch, self.train_len, torch.Generator().manual_seed(step_seed))
 

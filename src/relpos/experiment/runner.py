@@ -32,7 +32,7 @@ import relpos
 from .._io import json_safe, save_torch, save_with, write_text
 from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
-from .diagnostics import attention_by_distance
+from .diagnostics import attention_by_distance, fire_normalizer_ablation
 from .model import LMConfig, TransformerLM
 from .problems import ScanProblem, TaskProblem, TextProblem
 from ..encodings.buckets import relative_position_bucket
@@ -127,6 +127,10 @@ class RunConfig:
 
 
 # what a result depends on: resuming with any of it changed is refused
+#: held-out windows at the longest length for FIRE's normalization ablation (64 x 1,024 bytes in the
+#: reference run: a few seconds per FIRE model; the ablation's differences are > 0.5 bits per byte)
+FIRE_PROBE_WINDOWS = 64
+
 _RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "plateau_from", "lr", "lrs", "eval_every", "rope_factor",
                 "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
@@ -517,6 +521,10 @@ def _diagnostics(model: TransformerLM, problem) -> dict:
         extra["attention"] = {str(n): attention_by_distance(model, problem.attention_windows(n), problem.train_len)
                               for n in (problem.lengths[0], problem.lengths[-1])
                               if model.max_length() is None or n <= model.max_length()}
+    if hasattr(problem, "held_out"):  # FIRE only: its loss with the position normalization fixed
+        fire = fire_normalizer_ablation(model, *problem.held_out(problem.lengths[-1], FIRE_PROBE_WINDOWS), problem.train_len)
+        if fire is not None:
+            extra["fire_normalizer"] = fire
     return extra
 
 
