@@ -87,7 +87,7 @@ class TextProblem:
 
     def attention_windows(self, length: int, count: int = 4) -> torch.Tensor:
         """The first ``count`` held-out windows at ``length`` (the attention diagnostic's input): (n, L)."""
-        return self._windows["main", length][0][:count]
+        return self.held_out(length, count)[0]
 
     def held_out(self, length: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``count`` held-out windows at ``length`` and their next bytes: (n, L) each."""

@@ -126,11 +126,11 @@ class RunConfig:
     preset: str = "default"
 
 
-# what a result depends on: resuming with any of it changed is refused
 #: held-out windows at the longest length for FIRE's normalization ablation (64 x 1,024 bytes in the
 #: reference run: a few seconds per FIRE model; the ablation's differences are > 0.5 bits per byte)
 FIRE_PROBE_WINDOWS = 64
 
+# what a result depends on: resuming with any of it changed is refused
 _RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "plateau_from", "lr", "lrs", "eval_every", "rope_factor",
                 "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
@@ -509,8 +509,9 @@ def _every_thread(world: int):
 
 
 def _diagnostics(model: TransformerLM, problem) -> dict:
-    """What a trained model records beside its evaluation: the second corpus, T5's bucket values
-    and the attention mass by distance at the first and last length (where the problem has them)."""
+    """What a trained model records beside its evaluation: the second corpus, T5's bucket values,
+    the attention mass by distance at the first and last length, and FIRE's loss with its position
+    normalization fixed (each where the problem and the model have it)."""
     extra = {}
     if getattr(problem, "second", None) is not None:
         extra["eval_second"] = problem.evaluate(model, which="second")
