@@ -352,3 +352,24 @@ def test_a_text_run_records_fire_normalizer_ablation_for_fire_only(tmp_path):
     assert fire["fire_normalizer"]["length"] == 16 and len(fire["fire_normalizer"]["as_trained"]) == 2
     alibi = ex._diagnostics(TransformerLM(LMConfig(encoding="alibi", train_len=8, **SIZES)), problem)
     assert "fire_normalizer" not in alibi and "attention" in alibi
+
+
+def test_the_fire_tool_reproduces_what_the_run_recorded(tmp_path):
+    """tools/fire_normalizer.py adds the ablation to runs made before it existed: on a new run it
+    must give what the run itself recorded, from the run's own checkpoints."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "tools" / "fire_normalizer.py"
+    spec = importlib.util.spec_from_file_location("fire_normalizer", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    report = ex.run(_config(tmp_path, encodings=("fire",), lrs=(), seeds=(0,), rope_scalings=(), eval_every=0))
+    recorded = report["runs"]["fire"]["0"]["fire_normalizer"]
+    assert tool.main([str(tmp_path), "--windows", str(ex.FIRE_PROBE_WINDOWS)]) == 0
+    again = json.loads((tmp_path / "fire-normalizer.json").read_text())["0"]
+    assert again["as_trained"] == pytest.approx(recorded["as_trained"], abs=1e-6)
+    assert again["fixed_normalizer"] == pytest.approx(recorded["fixed_normalizer"], abs=1e-6)
+    ex.run(_config(tmp_path / "t5", encodings=("t5",), lrs=(), seeds=(0,), rope_scalings=(), eval_every=0))
+    with pytest.raises(ValueError, match="has no FIRE model"):
+        tool.main([str(tmp_path / "t5")])
