@@ -23,7 +23,7 @@ import torch
 from relpos._io import write_text
 from relpos.experiment.diagnostics import fire_normalizer_ablation
 from relpos.experiment.model import LMConfig, TransformerLM
-from relpos.experiment.runner import FIRE_PROBE_WINDOWS, RunConfig, make_problem
+from relpos.experiment.runner import FIRE_PROBE_WINDOWS, RunConfig, _checkpoint_path, make_problem
 
 
 def _config(saved: dict) -> RunConfig:
@@ -42,12 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     if "fire" not in saved["runs"]:
         raise ValueError(f"{run / 'results.json'} has no FIRE model (its encodings: {saved['config']['encodings']})")
     checkpoints = pathlib.Path(args.checkpoints) if args.checkpoints else run / "checkpoints"
-    problem = make_problem(_config(saved["config"]))
+    config = _config(saved["config"])
+    problem = make_problem(config)
     x, y = problem.held_out(problem.lengths[-1], args.windows)
     out = {}
     for seed, result in sorted(saved["runs"]["fire"].items()):
         model = TransformerLM(LMConfig(**result["model"]))
-        path = checkpoints / f"fire.lr{result['lr']:g}.seed{seed}.pt"
+        path = checkpoints / _checkpoint_path(config, "fire", int(seed), result["lr"]).name  # the runner's file name
         model.load_state_dict(torch.load(path, weights_only=True)["model"])
         out[seed] = fire_normalizer_ablation(model, x, y, problem.train_len)
         first, last = out[seed]["as_trained"], out[seed]["fixed_normalizer"]
