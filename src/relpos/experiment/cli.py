@@ -13,6 +13,7 @@ import sys
 from .._io import json_safe, write_text
 from ..encodings.buckets import STRATEGIES
 from . import runner
+from .parallel import PARALLEL
 from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS
@@ -74,6 +75,10 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (for --resume)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoints and results in --out (the options must be the same; more seeds or models may be added)")
+    parser.add_argument("--parallel", choices=PARALLEL, default="runs",
+                        help="under torchrun: each process trains whole runs of its own (runs: the results equal one "
+                             "process's) or its slice of every run's batch (batch: DistributedDataParallel; the committed "
+                             "text reference was made so)")
     parser.add_argument("--no-plot", action="store_true", help="skip the plot (no matplotlib needed)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
 
@@ -166,7 +171,7 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
     preset.pop("encodings", None)
     return dict(preset, encodings=_check_models(encodings), rope_scalings=scalings, out=args.out,
                 checkpoint_every=args.checkpoint_every, resume=args.resume, plot=not args.no_plot,
-                progress=not args.no_progress, preset=args.preset)
+                progress=not args.no_progress, preset=args.preset, parallel=args.parallel)
 
 
 def config_from_args(args) -> runner.RunConfig:

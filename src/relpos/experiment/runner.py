@@ -6,8 +6,9 @@ data order, size and number of steps; only the position encoding differs. The ba
 rewritten atomically, and checkpoints are written every ``checkpoint_every`` steps, so a killed
 run continues with ``resume=True``.
 
-Runs under ``torchrun --nproc_per_node N`` unchanged (DistributedDataParallel; gloo on CPU,
-nccl on GPU): each rank trains on its slice of the same global batch.
+Runs under ``torchrun --nproc_per_node N`` unchanged: each process trains whole runs of its own
+(``parallel="runs"``, the results equal a single process's) or its slice of every run's batch
+(``parallel="batch"``, DistributedDataParallel): :mod:`relpos.experiment.parallel`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 import relpos
 
+from .._checks import check_choice
 from .._io import json_safe, save_torch, save_with, write_text
 from .._progress import Progress
 from .data import load_corpus, stdlib_corpus
@@ -37,6 +39,7 @@ from .model import LMConfig, TransformerLM
 from .problems import ScanProblem, TaskProblem, TextProblem
 from ..encodings.buckets import relative_position_bucket
 from .report import compare_all, markdown_report, plot, summarize_runs
+from .parallel import PARALLEL, Share
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS, models, rope_scaling
 
 __all__ = ["PRESETS", "TASK_PRESETS", "RunConfig", "make_problem", "train_steps", "plateau", "estimate", "t5_buckets", "run"]
@@ -124,6 +127,11 @@ class RunConfig:
     plot: bool = True
     progress: bool = True
     preset: str = "default"
+    # how torchrun's processes share the work (relpos.experiment.parallel): whole runs each, or each run's batch
+    parallel: str = "runs"
+
+    def __post_init__(self) -> None:
+        check_choice("parallel", self.parallel, PARALLEL)
 
 
 #: held-out windows at the longest length for FIRE's normalization ablation (64 x 1,024 bytes in the
@@ -134,7 +142,9 @@ FIRE_PROBE_WINDOWS = 64
 _RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "plateau_from", "lr", "lrs", "eval_every", "rope_factor",
                 "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
-                "test_lengths", "eval_instances", "rope_scalings")
+                "test_lengths", "eval_instances", "rope_scalings", "parallel")
+#: the value an option had before it existed, for a saved run or checkpoint without it
+_LEGACY = {"parallel": "batch"}
 
 
 def make_problem(config: RunConfig) -> TextProblem | TaskProblem | ScanProblem:
@@ -156,19 +166,6 @@ def make_problem(config: RunConfig) -> TextProblem | TaskProblem | ScanProblem:
     return TextProblem(corpus, train_len=config.train_len, multipliers=config.multipliers, eval_tokens=config.eval_tokens,
                        second=second, second_tokens=config.second_eval_tokens or config.eval_tokens,
                        val_windows=config.val_windows)
-
-
-# --- distributed ------------------------------------------------------------------------------
-
-
-def _dist_context() -> tuple[int, int]:
-    """(rank, world size); initialises the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -300,7 +297,7 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
     start, losses, curve, seconds, stable_end = 0, [], [], 0.0, None
     if (config.resume or reuse) and ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
-        _check_same("checkpoint " + str(ckpt), state.get("fingerprint", {}), fingerprint)
+        _check_same("checkpoint " + str(ckpt), {**_LEGACY, **state.get("fingerprint", {})}, fingerprint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, losses = int(state["step"]), list(state.get("losses", []))
@@ -415,8 +412,9 @@ def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
         return {}, {}
     saved = json.loads(path.read_text())
     requested = asdict(config)
-    defaults = asdict(RunConfig())  # an option newer than the saved run had its default value there
-    _check_same(str(path), {k: saved["config"].get(k, defaults[k]) for k in _RESUME_KEYS},
+    # an option newer than the saved run had its legacy value there, or else its default
+    recorded = {**asdict(RunConfig()), **_LEGACY, **saved["config"]}
+    _check_same(str(path), {k: recorded[k] for k in _RESUME_KEYS},
                 {k: requested.get(k) for k in _RESUME_KEYS})
     return saved["runs"], saved.get("sweep", {})
 
@@ -545,30 +543,105 @@ def _log(progress, line: str) -> None:
     progress.log(time.strftime("%H:%M:%S ") + line)
 
 
-def _sweep(plan, lrs, problem, config, rank, world, progress, previous: dict, report: dict, results_path) -> dict:
-    """Stage 1: every model at every learning rate on the first seed; the rate with the lowest final
-    validation loss is chosen. Returns ``{model: chosen lr}``."""
-    chosen = {}
-    seed = config.seeds[0]
-    for name, lm_config in plan:
-        done = previous.get(name, {})
-        record = report["sweep"].setdefault(name, {})
-        for lr in lrs:
-            key = f"{lr:g}"
-            if key in done:
-                record[key] = done[key]
-                continue
-            _, losses, curve, seconds, _ = _train(name, lm_config, seed, lr, problem, config, rank, world, progress,
-                                                  sweep=True)
-            record[key] = {"val": curve[-1][1], "curve": curve, "train_loss": sum(losses[-20:]) / len(losses[-20:]),
-                           "seconds": seconds}
-            if rank == 0:  # one line per run, not one per process
-                _log(progress, f"sweep {name} lr {key} seed {seed}: validation {curve[-1][1]:.4f} ({seconds:.0f} s)")
-                write_text(results_path, json.dumps(json_safe(report), indent=1))
-        finite = {k: v["val"] for k, v in record.items() if math.isfinite(float(v["val"]))}
-        chosen[name] = float(min(finite, key=finite.get)) if finite else lrs[0]
-        report["chosen_lr"][name] = chosen[name]
-    return chosen
+@dataclass
+class _Stages:
+    """One call of :func:`run` after its set-up: the problem, how this process shares the work, the
+    report it fills and the seconds each model's step and evaluation took in the estimate."""
+
+    config: RunConfig
+    problem: object
+    share: Share
+    progress: Progress
+    report: dict
+    windows: dict
+    costs: dict  # {model: {"step_seconds", "eval_seconds"}}
+    began: float
+
+    def _seconds(self, name: str, what: str) -> float:
+        """A model's measured step or evaluation time (0 where not measured: every process runs every run)."""
+        return self.costs.get(name, {}).get(what, 0.0)
+
+    def write(self) -> None:
+        """results.json (rank 0; atomic), after every run it finishes: a kill loses at most the runs in progress."""
+        if self.share.rank == 0:
+            _write_report(self.report, self.windows, self.config)
+
+    def sweep(self, plan, lrs, previous: dict) -> dict:
+        """Stage 1: every model at every learning rate on the first seed; the rate with the lowest final
+        validation loss is chosen. Returns ``{model: chosen lr}``."""
+        seed, config = self.config.seeds[0], self.config
+        todo = {(name, f"{lr:g}"): config.steps * self._seconds(name, "step_seconds")
+                for name, _ in plan for lr in lrs if f"{lr:g}" not in previous.get(name, {})}
+        mine = self.share.mine(todo)
+        for name, lm_config in plan:
+            record = self.report["sweep"].setdefault(name, {})
+            for lr in lrs:
+                key = f"{lr:g}"
+                if key in previous.get(name, {}):
+                    record[key] = previous[name][key]
+                elif (name, key) in mine:
+                    _, losses, curve, seconds, _ = _train(name, lm_config, seed, lr, self.problem, config,
+                                                          *self.share.train_world, self.progress, sweep=True)
+                    record[key] = {"val": curve[-1][1], "curve": curve, "seconds": seconds,
+                                   "train_loss": sum(losses[-20:]) / len(losses[-20:])}
+                    if self.share.logs:  # one line per run, not one per process
+                        _log(self.progress, f"sweep {name} lr {key} seed {seed}: validation {curve[-1][1]:.4f} ({seconds:.0f} s)")
+                    self.write()
+        self.report["sweep"] = self.share.gather(self.report["sweep"])
+        chosen = {}
+        for name, _ in plan:
+            finite = {k: v["val"] for k, v in self.report["sweep"][name].items() if math.isfinite(float(v["val"]))}
+            chosen[name] = float(min(finite, key=finite.get)) if finite else lrs[0]
+        return chosen
+
+    def seeds(self, plan, chosen: dict, previous: dict, scalings: tuple[str, ...], reuse_sweep: bool) -> None:
+        """Stage 2: every model under every seed at its chosen rate, evaluated (the first seed's run
+        goes on from the sweep's run of the chosen rate when ``reuse_sweep``)."""
+        runs, config = self.report["runs"], self.config
+        longest = config.max_steps + cooldown_steps(config.max_steps) if config.max_steps else config.steps
+        todo = {}
+        for name, lm_config in plan:
+            rows = 1 + (len(scalings) if _plain_rope(lm_config) else 0)
+            for seed in config.seeds:
+                done = previous.get(name, {}).get(str(seed))
+                if done is None or done.get("eval") is None:
+                    steps = longest - (config.steps if reuse_sweep and seed == config.seeds[0] else 0)
+                    todo[name, seed] = steps * self._seconds(name, "step_seconds") + rows * self._seconds(name, "eval_seconds")
+        mine = self.share.mine(todo)
+        per_model = config.steps + len(self.problem.lengths) * (1 + len(scalings))
+        for name, lm_config in plan:
+            for seed in config.seeds:
+                key = str(seed)
+                if (name, seed) not in todo:  # finished in an earlier run
+                    runs.setdefault(name, {})[key] = previous[name][key]
+                    for kind in scalings if _plain_rope(lm_config) else ():
+                        runs.setdefault(f"rope + {kind}", {})[key] = previous[f"rope + {kind}"][key]
+                    self.progress.step(f"{name} seed {seed}: done earlier", per_model)
+                elif (name, seed) in mine:
+                    self._one(name, lm_config, seed, chosen[name], scalings, reuse_sweep and seed == config.seeds[0])
+        self.report["runs"] = self.share.gather(runs)
+
+    def _one(self, name: str, lm_config: LMConfig, seed: int, lr: float, scalings: tuple[str, ...], reuse: bool) -> None:
+        """Train and evaluate one (model, seed); with the RoPE scalings' rows for plain RoPE."""
+        problem, share, key = self.problem, self.share, str(seed)
+        model, losses, curve, seconds, stable_end = _train(name, lm_config, seed, lr, problem, self.config,
+                                                           *share.train_world, self.progress, reuse=reuse)
+        if share.rank == 0 or share.split:
+            with _every_thread(1 if share.split else share.world):
+                extra = {"lr": lr, "curve": curve, "process": share.rank, **_schedule(curve, self.config, stable_end, len(losses)),
+                         **_diagnostics(model, problem)}
+                self.report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
+                self.progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
+                for kind in scalings if _plain_rope(lm_config) else ():
+                    head_dim = lm_config.dim // lm_config.heads
+                    rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731
+                        kind, head_dim, length, problem.train_len, self.report["rope_factor"])
+                    self.report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
+                        model, losses, seconds, problem.evaluate(model, rotary_for), derived_from=name, rope_scaling=kind, lr=lr)
+                    self.progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
+            self.write()
+        if share.logs:
+            _log_run(self.progress, problem, name, seed, lr, self.report["runs"][name][key], stable_end, self.began)
 
 
 def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
@@ -582,77 +655,49 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     ``rope + <scaling>`` are the trained RoPE model evaluated with that scaling (no training of their own).
     """
     began = time.perf_counter()
-    rank, world = _dist_context()
-    if config.batch % world:
-        raise ValueError(f"batch={config.batch} must be divisible by the number of processes ({world})")
-    if rank == 0:
+    share = Share.of(config.parallel)
+    if not share.split and config.batch % share.world:
+        raise ValueError(f"batch={config.batch} must be divisible by the number of processes ({share.world}) "
+                         "with parallel='batch'; or use parallel='runs'")
+    if share.rank == 0:
         _check_writable(config.out)  # before any training, not after it
     problem = make_problem(config)
     out = pathlib.Path(config.out)
     results_path = out / "results.json"
     previous, previous_sweep = _previous_runs(config, results_path)
-    windows = _previous_windows(config)
     tokens = getattr(problem, "input_length", lambda n: n)
     plan = models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
                   train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
                   max_positions=max(tokens(n) for n in problem.lengths))
     scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
     lrs = tuple(config.lrs) or (config.lr,)
-    rope_factor = _fixed_rope_factor(config, problem)
-    progress = Progress(1, enabled=False)
-    if estimate_only or rank == 0:
+    guess = None
+    if estimate_only or share.rank == 0:
         guess = estimate(config, problem, plan, lrs)
-        _log(progress, f"estimated time on this machine: {guess['seconds'] / 60:.0f} min "
-                       f"({len(plan)} models, {len(config.seeds)} seeds, {len(lrs)} learning rates, {config.steps} steps)")
+        _log(Progress(1, enabled=False), f"estimated time on this machine: {guess['seconds'] / 60 / (share.world if share.split else 1):.0f} min "
+                       f"({len(plan)} models, {len(config.seeds)} seeds, {len(lrs)} learning rates, {config.steps} steps"
+                       f"{f', {share.world} processes' if share.split else ''})")
         if estimate_only:
             return {"estimate": guess}
+    costs = share.broadcast(guess["models"] if guess else None) if share.split else {}
     report = {"environment": _environment(), "config": asdict(config), "problem": problem.describe(),
               "metric": problem.metric, "higher_is_better": problem.higher_is_better, "lengths": problem.lengths,
-              "trained_lengths": problem.trained_lengths, "world_size": world, "rope_factor": rope_factor,
+              "trained_lengths": problem.trained_lengths, "world_size": share.world, "rope_factor": _fixed_rope_factor(config, problem),
               "sweep": {}, "chosen_lr": {}, "runs": {}}
     if hasattr(problem, "windows"):
         report["windows"] = {which: problem.windows(which) for which in problem.test_sets}
     per_model = config.steps + len(problem.lengths) * (1 + len(scalings))
-    progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model, enabled=config.progress and rank == 0)
-    chosen = (_sweep(plan, lrs, problem, config, rank, world, progress, previous_sweep, report, results_path)
-              if len(lrs) > 1 else {name: lrs[0] for name, _ in plan})
-    report["chosen_lr"] = chosen
-    for name, lm_config in plan:
-        for seed in config.seeds:
-            key = str(seed)
-            done = previous.get(name, {}).get(key)
-            if done is not None and done.get("eval") is not None:
-                report["runs"].setdefault(name, {})[key] = done  # finished in an earlier run
-                for kind in scalings if _plain_rope(lm_config) else ():
-                    report["runs"].setdefault(f"rope + {kind}", {})[key] = previous[f"rope + {kind}"][key]
-                progress.step(f"{name} seed {seed}: done earlier", per_model)
-                continue
-            lr = chosen[name]
-            model, losses, curve, seconds, stable_end = _train(name, lm_config, seed, lr, problem, config, rank, world,
-                                                               progress, reuse=len(lrs) > 1 and seed == config.seeds[0])
-            if rank == 0:
-                with _every_thread(world):
-                    extra = {"lr": lr, "curve": curve, **_schedule(curve, config, stable_end, len(losses)),
-                             **_diagnostics(model, problem)}
-                    report["runs"].setdefault(name, {})[key] = _result(model, losses, seconds, problem.evaluate(model), **extra)
-                    progress.step(f"evaluated {name} seed {seed}", len(problem.lengths))
-                    if _plain_rope(lm_config):
-                        for kind in scalings:
-                            head_dim = lm_config.dim // lm_config.heads
-                            rotary_for = lambda length, kind=kind: rope_scaling(  # noqa: E731
-                                kind, head_dim, length, problem.train_len, rope_factor)
-                            evals = problem.evaluate(model, rotary_for)
-                            report["runs"].setdefault(f"rope + {kind}", {})[key] = _result(
-                                model, losses, seconds, evals, derived_from=name, rope_scaling=kind, lr=lr)
-                            progress.step(f"evaluated rope + {kind} seed {seed}", len(problem.lengths))
-                    _write_report(report, windows, config)  # after every model: a kill loses one
-                _log_run(progress, problem, name, seed, lr, report["runs"][name][key], stable_end, began)
+    progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model // (share.world if share.split else 1),
+                        enabled=config.progress and share.rank == 0)
+    stages = _Stages(config, problem, share, progress, report, _previous_windows(config), costs, began)
+    report["chosen_lr"] = stages.sweep(plan, lrs, previous_sweep) if len(lrs) > 1 else {name: lrs[0] for name, _ in plan}
+    stages.seeds(plan, report["chosen_lr"], previous, scalings, reuse_sweep=len(lrs) > 1)
     progress.close()
-    if rank == 0:
+    if share.rank == 0:
         report["summary"] = summarize_runs(report)
         report["comparisons"] = compare_all(report)
         report["wall_seconds"] = time.perf_counter() - began
-        _write_report(report, windows, config)
+        _write_report(report, stages.windows, config)
         write_text(out / "results.md", markdown_report(report) + "\n")
         if config.plot:
             plot(report, out / "extrapolate.png")
