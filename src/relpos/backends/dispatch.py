@@ -443,7 +443,12 @@ def _dense_mask(
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim; a row that is entirely ``-inf`` gives zeros (and finite gradients)."""
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., Lq, 1): nothing to attend to
+    if scores.shape[-1] == 0 or torch.compiler.is_compiling():  # no data-dependent branch in a compiled graph
+        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., Lq, 1): nothing to attend to
+    else:
+        dead = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1): one pass instead of two
+        if not dead.any():  # the usual case (no padding row): nothing to mend
+            return torch.softmax(scores, dim=-1)
     return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 

@@ -81,9 +81,12 @@ class CoPE(nn.Module):
         floor = pos.floor()
         weight = pos - floor  # (B, H, Lq, Lk): carries the gradient into the gates
         per_position = query.to(scores.dtype) @ self.pos_emb.to(scores.dtype)  # (B, H, Lq, npos)
-        low = per_position.gather(-1, floor.long())  # (B, H, Lq, Lk)
-        high = per_position.gather(-1, pos.ceil().long())  # (B, H, Lq, Lk)
-        return scores + high * weight + low * (1 - weight)  # (B, H, Lq, Lk)
+        # e[floor p + 1] stands for e[ceil p]: they differ only where p is an integer, where the weight is 0
+        per_position = torch.cat([per_position, per_position[..., -1:]], dim=-1)  # (B, H, Lq, npos + 1)
+        index = floor.long()  # (B, H, Lq, Lk)
+        low = per_position.gather(-1, index)  # (B, H, Lq, Lk)
+        high = per_position.gather(-1, index + 1)  # (B, H, Lq, Lk)
+        return scores + torch.lerp(low, high, weight)  # (B, H, Lq, Lk)
 
     def attention(
         self,
@@ -118,14 +121,14 @@ class CoPE(nn.Module):
             key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # (B, H, Lk, d)
         acc = torch.float64 if query.dtype == torch.float64 else torch.float32
         q, k, v = query.to(acc), key.to(acc), value.to(acc)
-        scores = q @ k.transpose(-2, -1) * scale  # (B, H, Lq, Lk)
+        scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
         blocked = torch.zeros(query_length, key_length, dtype=torch.bool, device=q.device)  # (Lq, Lk)
         if causal:
             blocked = relative_positions(query_length, key_length, q_offset=q_offset, device=q.device) > 0
         if key_mask is not None:
             key_mask = check_key_mask(key_mask, batch, key_length, device=q.device)
             blocked = blocked | ~key_mask[:, None, None, :]  # (B, 1, Lq, Lk)
-        scores = scores.masked_fill(blocked, float("-inf"))
+        scores = scores.masked_fill_(blocked, float("-inf"))  # in place: the product is not needed for its gradient
         weights = masked_softmax(self.position_logits(q, scores))  # (B, H, Lq, Lk)
         return (weights @ v).to(query.dtype)  # (B, H, Lq, dv)
 

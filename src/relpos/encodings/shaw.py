@@ -117,10 +117,11 @@ class ShawRelativePosition(nn.Module):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         dtype = q.dtype
         q, k, v = (t.to(accumulate_dtype(dtype)) for t in (q, k, v))  # logits and softmax in fp32 (the rule)
-        scores = (q @ k.transpose(-2, -1) + self.logits(q, k.shape[-2], q_offset=q_offset)) * scale  # (B, H, Lq, Lk)
+        q = q * scale  # (B, H, Lq, d): scales both logit terms, one (Lq, d) pass instead of an (Lq, Lk) one
+        scores = (q @ k.transpose(-2, -1)).add_(self.logits(q, k.shape[-2], q_offset=q_offset))  # (B, H, Lq, Lk)
         mask = _dense_mask(q, k.shape[-2], None, causal, attn_mask, q_offset)
         if mask is not None:
-            scores = scores + mask
+            scores = scores.add_(mask)  # in place: neither sum is needed for the gradient
         weights = masked_softmax(scores)  # (B, H, Lq, Lk)
         if dropout_p:
             weights = drop_weights(weights, dropout_p)  # (B, H, Lq, Lk): the same masks as relpos.attention
