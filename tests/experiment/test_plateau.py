@@ -174,3 +174,28 @@ def test_plateau_from_is_validated(tmp_path):
         args = parser.parse_args(["--preset", "smoke", "--out", str(tmp_path / "never"), *argv])
         with pytest.raises(ValueError, match="--plateau-from must be between 0 and --max-steps"):
             cli.config_from_args(args)
+
+
+# --- each model's rate from an earlier run (--lr-from) ---------------------------------------
+
+
+def test_lr_from_trains_each_model_at_the_rate_an_earlier_run_chose(tmp_path):
+    """The reference run's choice, reused for a longer run: no sweep, each model at its own rate, and a
+    model the earlier run did not train is refused before any work."""
+    first = ex.run(ex.RunConfig(**{**ex.PRESETS["smoke"], "encodings": ("alibi", "none"), "lrs": (1e-3, 3e-2), "steps": 4,
+                                   "out": str(tmp_path / "sweep"), "plot": False, "progress": False}))
+    chosen = first["chosen_lr"]
+    later = ex.run(ex.RunConfig(**{**ex.PRESETS["smoke"], "encodings": ("alibi", "none"), "steps": 4, "plot": False,
+                                   "lr_from": str(tmp_path / "sweep" / "results.json"), "out": str(tmp_path / "later"),
+                                   "progress": False}))
+    assert later["chosen_lr"] == chosen and later["sweep"] == {}
+    assert {n: later["runs"][n]["0"]["lr"] for n in chosen} == chosen
+    with pytest.raises(ValueError, match=r"lr_from=.* has no learning rate for t5 \(it has alibi, none\)"):
+        ex.run(ex.RunConfig(**{**ex.PRESETS["smoke"], "encodings": ("t5",), "lr_from": str(tmp_path / "sweep" / "results.json"),
+                               "out": str(tmp_path / "refused"), "progress": False}))
+    assert not (tmp_path / "refused" / "results.json").exists()
+    with pytest.raises(ValueError, match=r"lr_from=.* must be a results.json"):
+        ex.run(ex.RunConfig(**{**ex.PRESETS["smoke"], "lr_from": str(tmp_path / "missing.json"), "out": str(tmp_path / "x"),
+                               "progress": False}))
+    with pytest.raises(ValueError, match=r"lr_from=.* and lrs=.* both set"):
+        ex.RunConfig(lr_from="results.json", lrs=(1e-3,))

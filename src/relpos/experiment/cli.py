@@ -62,6 +62,7 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
         parser.add_argument(f"--{name}", type=kind, help="overrides the preset")
     parser.add_argument("--lrs", help="learning-rate sweep, e.g. 1e-3,3e-3,1e-2: each model's rate is chosen on "
                                       "in-distribution validation (default: the preset's; the reference preset sweeps)")
+    parser.add_argument("--lr-from", help="each model's learning rate as an earlier run chose it (that run's results.json); no sweep")
     parser.add_argument("--eval-every", type=int, help="steps between learning-curve points (0: only the end)")
     parser.add_argument("--max-steps", type=int,
                         help="train to a plateau: the constant rate until the validation loss gains < 1%% over the last "
@@ -154,6 +155,11 @@ def _base_config(args, presets: dict, keys: tuple[str, ...]) -> dict:
         preset["lrs"] = _csv(float, args.lrs, "--lrs")
         if any(not (math.isfinite(v) and v > 0) for v in preset["lrs"]):
             raise ValueError(f"--lrs must be finite numbers > 0, got {args.lrs!r}")
+    if args.lr_from is not None:
+        if args.lrs is not None:
+            raise ValueError("--lr-from and --lrs both set each model's learning rate: give one")
+        preset.pop("lrs", None)  # the preset's sweep gives way to the earlier run's choice
+        preset["lr_from"] = args.lr_from
     if args.eval_every is not None:
         if args.eval_every < 0:
             raise ValueError(f"--eval-every must be >= 0, got {args.eval_every}")

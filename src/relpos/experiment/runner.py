@@ -99,6 +99,7 @@ class RunConfig:
     steps: int = 500
     lr: float = 3e-3
     lrs: tuple[float, ...] = ()  # a learning-rate sweep (chosen per model on validation); empty: ``lr`` alone
+    lr_from: str | None = None  # a results.json whose ``chosen_lr`` gives each model's rate (no sweep)
     eval_every: int = 0  # steps between validation points of the learning curve (0: only at the end)
     # > 0: train to a plateau (the constant rate until the plateau rule holds, at least ``steps`` and
     # at most ``max_steps``, then a cool-down of COOLDOWN x the steps done); 0: exactly ``steps``
@@ -132,6 +133,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_choice("parallel", self.parallel, PARALLEL)
+        if self.lr_from is not None and self.lrs:
+            raise ValueError(f"lr_from={self.lr_from!r} and lrs={self.lrs!r} both set each model's learning rate: give one")
 
 
 #: held-out windows at the longest length for FIRE's normalization ablation (64 x 1,024 bytes in the
@@ -142,7 +145,7 @@ FIRE_PROBE_WINDOWS = 64
 _RESUME_KEYS = ("task", "dim", "layers", "heads", "batch", "steps", "max_steps", "plateau_from", "lr", "lrs", "eval_every", "rope_factor",
                 "train_len", "val_windows",
                 "corpus", "second_corpus", "second_eval_tokens", "max_bytes", "eval_tokens", "multipliers", "train_max",
-                "test_lengths", "eval_instances", "rope_scalings", "parallel")
+                "test_lengths", "eval_instances", "rope_scalings", "parallel", "lr_from")
 #: the value an option had before it existed, for a saved run or checkpoint without it
 _LEGACY = {"parallel": "batch"}
 
@@ -419,6 +422,19 @@ def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
     return saved["runs"], saved.get("sweep", {})
 
 
+def rates_from(path: str, names: list[str]) -> dict[str, float]:
+    """Each of ``names``' learning rate as chosen by an earlier run (its results.json's ``chosen_lr``)."""
+    try:
+        chosen = json.loads(pathlib.Path(path).read_text())["chosen_lr"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"lr_from={path!r} must be a results.json written by a run (with 'chosen_lr'): {exc}") from None
+    missing = [n for n in names if n not in chosen]
+    if missing:
+        raise ValueError(f"lr_from={path!r} has no learning rate for {', '.join(missing)} (it has {', '.join(chosen)}): "
+                         "run those models with --lrs or another --lr-from")
+    return {n: float(chosen[n]) for n in names}
+
+
 def _plain_rope(lm_config: LMConfig) -> bool:
     """RoPE at consecutive positions: the model the scaling rows evaluate."""
     return lm_config.encoding == "rope" and not lm_config.randomized_positions
@@ -671,6 +687,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                   max_positions=max(tokens(n) for n in problem.lengths))
     scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
     lrs = tuple(config.lrs) or (config.lr,)
+    rates = rates_from(config.lr_from, [name for name, _ in plan]) if config.lr_from else None  # before any work
     guess = None
     if estimate_only or share.rank == 0:
         guess = estimate(config, problem, plan, lrs)
@@ -690,7 +707,10 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model // (share.world if share.split else 1),
                         enabled=config.progress and share.rank == 0)
     stages = _Stages(config, problem, share, progress, report, _previous_windows(config), costs, began)
-    report["chosen_lr"] = stages.sweep(plan, lrs, previous_sweep) if len(lrs) > 1 else {name: lrs[0] for name, _ in plan}
+    if rates is not None:
+        report["chosen_lr"] = rates
+    else:
+        report["chosen_lr"] = stages.sweep(plan, lrs, previous_sweep) if len(lrs) > 1 else {name: lrs[0] for name, _ in plan}
     stages.seeds(plan, report["chosen_lr"], previous, scalings, reuse_sweep=len(lrs) > 1)
     progress.close()
     if share.rank == 0:
