@@ -441,3 +441,29 @@ def test_grouped_query_attention_on_tiles(backend):
     want = grads_of(attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend="eager"), [q, k, v])
     for a, b in zip(got, want):
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
+
+
+def test_masked_softmax_rows_with_nothing_to_attend_to():
+    """One pass finds the dead rows (their maximum is -inf): none, it is softmax itself; some, they give
+    zeros and zero gradient while every other row is softmax; the branch-free form (used while
+    compiling) gives the same."""
+    from unittest import mock
+
+    from relpos.backends.dispatch import masked_softmax
+
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 5, 7)
+    assert torch.equal(masked_softmax(scores), torch.softmax(scores, dim=-1))
+    masked = scores.clone()
+    masked[0, 1, 2] = float("-inf")  # a padded query row: nothing to attend to
+    masked[1, 0, :, 4:] = float("-inf")  # some keys hidden in every row
+    masked.requires_grad_(True)
+    weights = masked_softmax(masked)
+    assert weights[0, 1, 2].abs().sum() == 0
+    live = torch.ones(2, 3, 5, dtype=torch.bool)
+    live[0, 1, 2] = False
+    assert torch.allclose(weights[live], torch.softmax(masked.detach(), dim=-1)[live])
+    (weights * torch.randn_like(weights)).sum().backward()
+    assert torch.isfinite(masked.grad).all() and masked.grad[0, 1, 2].abs().sum() == 0
+    with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+        assert torch.equal(masked_softmax(masked.detach()), weights.detach())

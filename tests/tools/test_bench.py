@@ -50,3 +50,17 @@ def test_bench_sizes_are_bounded_before_any_work(capsys, argv, phrase):
     with pytest.raises(SystemExit) as info:
         main(["bench", *argv])
     assert info.value.code == 2 and phrase in capsys.readouterr().err
+
+
+def test_eager_paths_benchmark_measures_each_encoding():
+    """benchmarks/eager_paths.py end to end at a small length (no timing assertions)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "eager_paths.py"
+    spec = importlib.util.spec_from_file_location("eager_paths", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("shaw", "cope"):
+        row = module.measure(name, length=64, steps=2)
+        assert row["eval_rows"] == 128 and row["eval_ms"] > 0 and row["step_ms"] > 0
