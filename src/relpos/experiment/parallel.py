@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass
 from typing import Hashable, Literal
 
-import torch
 import torch.distributed as dist
 
 __all__ = ["PARALLEL", "Parallel", "Share", "dist_context", "assign"]
@@ -33,10 +32,11 @@ PARALLEL: tuple[str, ...] = ("runs", "batch")
 
 
 def dist_context() -> tuple[int, int]:
-    """(rank, world size); initialises the process group when launched by torchrun."""
+    """(rank, world size); initialises the process group (gloo: the experiment's models and the
+    results the processes exchange live on the CPU) when launched by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend="gloo")
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
