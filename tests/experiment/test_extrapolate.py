@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -179,12 +178,6 @@ def ex_cache():
 # --- scale-out ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -200,8 +193,8 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path, free_port):
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert a["loss"] != b["loss"]  # each rank saw its own half of the batch ...
     assert torch.equal(a["grad"], b["grad"])  # ... and DDP averaged the gradients
@@ -209,9 +202,9 @@ def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path):
     assert a["grad"].abs().sum() > 0
 
 
-def test_torchrun_runs_the_cli_unchanged(tmp_path):
+def test_torchrun_runs_the_cli_unchanged(tmp_path, free_port):
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         "-m", "relpos.experiment", "--preset", "smoke", "--encodings", "alibi", "--steps", "3",
         "--out", str(tmp_path), "--no-plot", "--no-progress",
     ]

@@ -3,7 +3,6 @@ or each run's batch; the assignment, the resume rules of the two ways."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -14,14 +13,8 @@ from relpos.experiment import runner as ex
 from relpos.experiment.parallel import assign
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(out, *options: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+def _torchrun(out, port: int, *options: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            "-m", "relpos.experiment", "--preset", "smoke", "--out", str(out), "--no-plot", "--no-progress", *options]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -38,11 +31,11 @@ def test_assign_balances_the_load_and_is_the_same_list_everywhere():
     assert assign(costs, 1) == [sorted(costs, key=lambda j: -costs[j])]
 
 
-def test_runs_under_torchrun_equal_one_process_and_both_processes_work(tmp_path):
+def test_runs_under_torchrun_equal_one_process_and_both_processes_work(tmp_path, free_port):
     """Each process trains whole runs alone: every number equals a single process's run, and the two
     processes each took some of the runs (sweep and seeds)."""
     options = ["--encodings", "alibi,t5,none", "--seeds", "2", "--lrs", "3e-3,1e-2", "--steps", "6"]
-    done = _torchrun(tmp_path / "two", *options)
+    done = _torchrun(tmp_path / "two", free_port(), *options)
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each torchrun process
@@ -66,8 +59,8 @@ def test_runs_under_torchrun_equal_one_process_and_both_processes_work(tmp_path)
     assert done.stderr.count("seed 1 lr") == 3  # each finished run logged once, by the process that ran it
 
 
-def test_batch_way_still_splits_each_batch(tmp_path):
-    _torchrun(tmp_path, "--encodings", "alibi", "--steps", "3", "--parallel", "batch")
+def test_batch_way_still_splits_each_batch(tmp_path, free_port):
+    _torchrun(tmp_path, free_port(), "--encodings", "alibi", "--steps", "3", "--parallel", "batch")
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["config"]["parallel"] == "batch" and report["world_size"] == 2
 

@@ -555,6 +555,11 @@ def _log_run(progress, problem, name: str, seed: int, lr: float, run_: dict, sta
                    f"{(time.perf_counter() - began) / 60:.1f} min so far)")
 
 
+def _progress_units(config: RunConfig, problem, scalings: tuple[str, ...]) -> int:
+    """The progress bar's units for one (model, seed): its steps and one per evaluated length and row."""
+    return config.steps + len(problem.lengths) * (1 + len(scalings))
+
+
 def _log(progress, line: str) -> None:
     progress.log(time.strftime("%H:%M:%S ") + line)
 
@@ -624,7 +629,7 @@ class _Stages:
                     steps = longest - (config.steps if reuse_sweep and seed == config.seeds[0] else 0)
                     todo[name, seed] = steps * self._seconds(name, "step_seconds") + rows * self._seconds(name, "eval_seconds")
         mine = self.share.mine(todo)
-        per_model = config.steps + len(self.problem.lengths) * (1 + len(scalings))
+        per_model = _progress_units(config, self.problem, scalings)
         for name, lm_config in plan:
             for seed in config.seeds:
                 key = str(seed)
@@ -703,7 +708,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
               "sweep": {}, "chosen_lr": {}, "runs": {}}
     if hasattr(problem, "windows"):
         report["windows"] = {which: problem.windows(which) for which in problem.test_sets}
-    per_model = config.steps + len(problem.lengths) * (1 + len(scalings))
+    per_model = _progress_units(config, problem, scalings)
     progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model // (share.world if share.split else 1),
                         enabled=config.progress and share.rank == 0)
     stages = _Stages(config, problem, share, progress, report, _previous_windows(config), costs, began)
