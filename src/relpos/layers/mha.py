@@ -168,6 +168,53 @@ class MultiheadAttention(nn.Module):
             k, v = F.linear(memory, w[q_width:], None if b is None else b[q_width:]).chunk(2, dim=-1)  # (B, Lk, Hkv*dh)
         return self._split(q, self.num_heads), self._split(k, self.num_kv_heads), self._split(v, self.num_kv_heads)
 
+    def _check_inputs(self, x: torch.Tensor, memory: torch.Tensor | None) -> None:
+        check_tensor("x", x, shape="(B, L, embed_dim)")
+        if memory is not None:
+            check_tensor("memory", memory, shape="(B, Lk, embed_dim)")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        weight = self.qkv.weight
+        autocast = torch.is_autocast_enabled(x.device.type)  # autocast casts mixed dtypes itself
+        for name, t in (("x", x), ("memory", memory)):
+            if t is not None and ((t.dtype != weight.dtype and not autocast) or t.device != weight.device):
+                raise TypeError(
+                    f"{name} is {t.dtype} on {t.device} but this layer's weights are {weight.dtype} on {weight.device}; "
+                    "cast one to the other with .to(...)"
+                )
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, q_offset: int, *, cross: bool):
+        """RoPE and xPos rotate the queries and the new keys (a cross-attention's keys from position 0)."""
+        position, k_offset = self.position, 0 if cross else q_offset
+        if isinstance(position, RotaryEmbedding):
+            return position.rotate(q, q_offset), position.rotate(k, k_offset)  # (B, H, Lq, dh), (B, Hkv, L, dh)
+        if isinstance(position, XPos):
+            return position.rotate(q, q_offset), position.rotate(k, k_offset, downscale=True)
+        return q, k
+
+    def _dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def _own_path(self, q, k, v, gate, *, causal: bool, attn_mask, key_mask, q_offset: int) -> torch.Tensor:
+        """The encodings with an attention function of their own: forgetting gates, CoPE, Shaw. (B, H, Lq, dh)"""
+        position = self.position
+        if isinstance(position, ForgettingGate):
+            return gated_attention(
+                q, k, v, gate, causal=causal, attn_mask=attn_mask, key_mask=key_mask, dropout_p=self._dropout_p(),
+                scale=self.scale, q_offset=q_offset, backend=self.backend,
+            )
+        if isinstance(position, CoPE):
+            if attn_mask is not None:
+                raise ValueError("CoPE layers take key_mask= for padding, not attn_mask= (positions count visible keys)")
+            return position.attention(q, k, v, causal=causal, key_mask=key_mask, scale=self.scale, q_offset=q_offset)
+        group = self.num_heads // self.num_kv_heads  # Shaw: every query head reads its own copy of the keys
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T, dh)
+        if key_mask is not None:
+            attn_mask = fold_key_mask(attn_mask, check_key_mask(key_mask, q.shape[0], k.shape[-2]))
+        return position.attention(
+            q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset, dropout_p=self._dropout_p()
+        )
+
     def forward(
         self,
         x: torch.Tensor,
@@ -189,63 +236,28 @@ class MultiheadAttention(nn.Module):
         ``cache`` in cross-attention the memory's keys and values are stored on the first call and
         reused after (the queries' positions start at 0 unless ``q_offset`` says otherwise).
         """
-        check_tensor("x", x, shape="(B, L, embed_dim)")
-        if memory is not None:
-            check_tensor("memory", memory, shape="(B, Lk, embed_dim)")
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x must be (B, L, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
-        weight = self.qkv.weight
-        autocast = torch.is_autocast_enabled(x.device.type)  # autocast casts mixed dtypes itself
-        for name, t in (("x", x), ("memory", memory)):
-            if t is not None and ((t.dtype != weight.dtype and not autocast) or t.device != weight.device):
-                raise TypeError(
-                    f"{name} is {t.dtype} on {t.device} but this layer's weights are {weight.dtype} on {weight.device}; "
-                    "cast one to the other with .to(...)"
-                )
+        self._check_inputs(x, memory)
         if q_offset is None:
             q_offset = cache.length if cache is not None and memory is None else 0
         q, k, v = self._project(x, memory)  # (B, H, Lq, dh), (B, Hkv, L, dh) x2
-        position = self.position
-        if isinstance(position, RotaryEmbedding):
-            q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0)
-        elif isinstance(position, XPos):
-            q, k = position.rotate(q, q_offset), position.rotate(k, q_offset if memory is None else 0, downscale=True)
-        elif isinstance(position, ForgettingGate):
-            gate = self._gates(position, x, memory, cache)  # (B, H, T): c of every key so far
+        q, k = self._rotate(q, k, q_offset, cross=memory is not None)
+        gate = self._gates(self.position, x, memory, cache) if isinstance(self.position, ForgettingGate) else None  # (B, H, T)
         if cache is not None and memory is None:
             k, v = cache.update(k, v)  # (B, Hkv, T, dh): all keys so far
         elif cache is not None:  # cross-attention: the memory's keys and values are cached once
             k, v = cache.update(k, v) if cache.key is None else (cache.key, cache.value)
         causal = self.causal and memory is None
-        dropout = self.dropout if self.training else 0.0
-        if isinstance(position, ForgettingGate):
-            out = gated_attention(
-                q, k, v, gate, causal=causal, attn_mask=attn_mask, key_mask=key_mask, dropout_p=dropout,
-                scale=self.scale, q_offset=q_offset, backend=self.backend,
-            )  # (B, H, Lq, dh)
-        elif isinstance(position, CoPE):
-            if attn_mask is not None:
-                raise ValueError("CoPE layers take key_mask= for padding, not attn_mask= (positions count visible keys)")
-            out = position.attention(q, k, v, causal=causal, key_mask=key_mask, scale=self.scale, q_offset=q_offset)
-        elif isinstance(position, ShawRelativePosition):
-            group = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            if key_mask is not None:
-                attn_mask = fold_key_mask(attn_mask, check_key_mask(key_mask, x.shape[0], k.shape[-2]))
-            out = position.attention(
-                q, k, v, causal=causal, attn_mask=attn_mask, scale=self.scale, q_offset=q_offset,
-                dropout_p=self.dropout if self.training else 0.0,
-            )  # (B, H, Lq, dh)
+        if isinstance(self.position, (ForgettingGate, CoPE, ShawRelativePosition)):
+            out = self._own_path(q, k, v, gate, causal=causal, attn_mask=attn_mask, key_mask=key_mask, q_offset=q_offset)
         else:
-            if position_bias is None and isinstance(position, AdditiveBias):
-                check_defines_future(position, causal, k.shape[-2], q_offset, attn_mask)  # before resolving it away
+            if position_bias is None and isinstance(self.position, AdditiveBias):
+                check_defines_future(self.position, causal, k.shape[-2], q_offset, attn_mask)  # before resolving it away
                 position_bias = resolve_bias(
-                    position, q.shape[-2], k.shape[-2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
+                    self.position, q.shape[-2], k.shape[-2], num_heads=self.num_heads, q_offset=q_offset, device=x.device
                 )
             out = attention(
                 q, k, v, bias=position_bias, causal=causal, attn_mask=attn_mask, key_mask=key_mask,
-                dropout_p=dropout, scale=self.scale, q_offset=q_offset,
-                backend=self.backend,
+                dropout_p=self._dropout_p(), scale=self.scale, q_offset=q_offset, backend=self.backend,
             )  # (B, H, Lq, dh)
         out = out.transpose(1, 2).flatten(-2)  # (B, Lq, H*dh)
         return self.out(out), position_bias
