@@ -299,13 +299,7 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
     fingerprint = _fingerprint(lm_config, config, seed, lr)
     start, losses, curve, seconds, stable_end = 0, [], [], 0.0, None
     if (config.resume or reuse) and ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        _check_same("checkpoint " + str(ckpt), {**_LEGACY, **state.get("fingerprint", {})}, fingerprint)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, losses = int(state["step"]), list(state.get("losses", []))
-        curve, seconds = [tuple(c) for c in state.get("curve", [])], float(state.get("seconds", 0.0))
-        stable_end = state.get("stable_end")
+        start, losses, curve, seconds, stable_end = _restore(ckpt, fingerprint, model, optimizer)
         progress.step(f"{name} seed {seed}: resumed at step {start}", start)
     began = time.perf_counter() - seconds
     final = stable_end + cooldown_steps(stable_end) if stable_end is not None else (
@@ -342,6 +336,17 @@ def _train(name: str, lm_config: LMConfig, seed: int, lr: float, problem, config
     train_steps(ddp, optimizer, problem, config, seed, step, final, rank=rank, world=world, on_step=on_step, lr=lr,
                 stable_end=stable_end)
     return model, losses, curve, time.perf_counter() - began, stable_end
+
+
+def _restore(ckpt: pathlib.Path, fingerprint: dict, model: TransformerLM, optimizer) -> tuple:
+    """Load a run's checkpoint into ``model`` and ``optimizer`` (refusing one made with other options):
+    the step reached, the losses, the learning curve, the seconds spent and where the constant rate ended."""
+    state = torch.load(ckpt, weights_only=True)
+    _check_same("checkpoint " + str(ckpt), {**_LEGACY, **state.get("fingerprint", {})}, fingerprint)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    curve = [tuple(c) for c in state.get("curve", [])]
+    return int(state["step"]), list(state.get("losses", [])), curve, float(state.get("seconds", 0.0)), state.get("stable_end")
 
 
 def _schedule(curve: list, config: RunConfig, stable_end: int | None, steps: int) -> dict:
@@ -665,6 +670,39 @@ class _Stages:
             _log_run(self.progress, problem, name, seed, lr, self.report["runs"][name][key], stable_end, self.began)
 
 
+def _plan(config: RunConfig, problem) -> list[tuple[str, LMConfig]]:
+    """Every model of the run with its configuration (position tables sized for the longest input)."""
+    tokens = getattr(problem, "input_length", lambda n: n)
+    return models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
+                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
+                  max_positions=max(tokens(n) for n in problem.lengths))
+
+
+def _new_report(config: RunConfig, problem, world: int) -> dict:
+    """results.json before any run: the environment, the options, the problem and its held-out windows."""
+    report = {"environment": _environment(), "config": asdict(config), "problem": problem.describe(),
+              "metric": problem.metric, "higher_is_better": problem.higher_is_better, "lengths": problem.lengths,
+              "trained_lengths": problem.trained_lengths, "world_size": world, "rope_factor": _fixed_rope_factor(config, problem),
+              "sweep": {}, "chosen_lr": {}, "runs": {}}
+    if hasattr(problem, "windows"):
+        report["windows"] = {which: problem.windows(which) for which in problem.test_sets}
+    return report
+
+
+def _finish(stages: _Stages) -> None:
+    """Rank 0 after the last stage: summaries, the paired comparisons, results.json, results.md and the plot."""
+    report, config = stages.report, stages.config
+    out = pathlib.Path(config.out)
+    report["summary"] = summarize_runs(report)
+    report["comparisons"] = compare_all(report)
+    report["wall_seconds"] = time.perf_counter() - stages.began
+    _write_report(report, stages.windows, config)
+    write_text(out / "results.md", markdown_report(report) + "\n")
+    if config.plot:
+        plot(report, out / "extrapolate.png")
+    _log(stages.progress, f"done: {out / 'results.json'} ({report['wall_seconds'] / 60:.1f} min)")
+
+
 def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     """Train and evaluate every model under every seed; write results.json, results.md and the plot.
 
@@ -683,13 +721,8 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     if share.rank == 0:
         _check_writable(config.out)  # before any training, not after it
     problem = make_problem(config)
-    out = pathlib.Path(config.out)
-    results_path = out / "results.json"
-    previous, previous_sweep = _previous_runs(config, results_path)
-    tokens = getattr(problem, "input_length", lambda n: n)
-    plan = models(config.encodings, dim=config.dim, layers=config.layers, heads=config.heads,
-                  train_len=problem.train_len, vocab=problem.vocab, buckets=config.buckets, bucketing=config.bucketing,
-                  max_positions=max(tokens(n) for n in problem.lengths))
+    previous, previous_sweep = _previous_runs(config, pathlib.Path(config.out) / "results.json")
+    plan = _plan(config, problem)
     scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
     lrs = tuple(config.lrs) or (config.lr,)
     rates = rates_from(config.lr_from, [name for name, _ in plan]) if config.lr_from else None  # before any work
@@ -697,17 +730,12 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     if estimate_only or share.rank == 0:
         guess = estimate(config, problem, plan, lrs)
         _log(Progress(1, enabled=False), f"estimated time on this machine: {guess['seconds'] / 60 / (share.world if share.split else 1):.0f} min "
-                       f"({len(plan)} models, {len(config.seeds)} seeds, {len(lrs)} learning rates, {config.steps} steps"
-                       f"{f', {share.world} processes' if share.split else ''})")
+             f"({len(plan)} models, {len(config.seeds)} seeds, {len(lrs)} learning rates, {config.steps} steps"
+             f"{f', {share.world} processes' if share.split else ''})")
         if estimate_only:
             return {"estimate": guess}
     costs = share.broadcast(guess["models"] if guess else None) if share.split else {}
-    report = {"environment": _environment(), "config": asdict(config), "problem": problem.describe(),
-              "metric": problem.metric, "higher_is_better": problem.higher_is_better, "lengths": problem.lengths,
-              "trained_lengths": problem.trained_lengths, "world_size": share.world, "rope_factor": _fixed_rope_factor(config, problem),
-              "sweep": {}, "chosen_lr": {}, "runs": {}}
-    if hasattr(problem, "windows"):
-        report["windows"] = {which: problem.windows(which) for which in problem.test_sets}
+    report = _new_report(config, problem, share.world)
     per_model = _progress_units(config, problem, scalings)
     progress = Progress(len(plan) * (len(config.seeds) + len(lrs) - 1) * per_model // (share.world if share.split else 1),
                         enabled=config.progress and share.rank == 0)
@@ -719,14 +747,7 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
     stages.seeds(plan, report["chosen_lr"], previous, scalings, reuse_sweep=len(lrs) > 1)
     progress.close()
     if share.rank == 0:
-        report["summary"] = summarize_runs(report)
-        report["comparisons"] = compare_all(report)
-        report["wall_seconds"] = time.perf_counter() - began
-        _write_report(report, stages.windows, config)
-        write_text(out / "results.md", markdown_report(report) + "\n")
-        if config.plot:
-            plot(report, out / "extrapolate.png")
-        _log(progress, f"done: {results_path} ({report['wall_seconds'] / 60:.1f} min)")
+        _finish(stages)
     if dist.is_initialized():
         dist.barrier()
     return report
