@@ -1,8 +1,10 @@
 """relpos.experiment.parallel: torchrun's processes share whole runs (the results equal one process's)
 or each run's batch; the assignment, the resume rules of the two ways."""
 
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -56,6 +58,7 @@ def test_runs_under_torchrun_equal_one_process_and_both_processes_work(tmp_path,
             assert {n: c["bits_per_byte"] for n, c in a["eval"].items()} == \
                    {n: c["bits_per_byte"] for n, c in b["eval"].items()}, (name, seed)
     assert {r["process"] for runs in two["runs"].values() for r in runs.values()} == {0, 1}
+    assert not (tmp_path / "two" / ex.PARTIAL).exists()  # the processes' partial results, merged, are gone
     assert done.stderr.count("seed 1 lr") == 3  # each finished run logged once, by the process that ran it
 
 
@@ -79,6 +82,63 @@ def test_resume_of_a_run_made_before_the_option_needs_the_batch_way(tmp_path):
         ex.run(ex.RunConfig(**{**ex.asdict(config), "parallel": "runs", "resume": True}))
     again = ex.run(ex.RunConfig(**{**ex.asdict(config), "resume": True}))
     assert again["runs"]["alibi"]["0"]["eval"] == saved["runs"]["alibi"]["0"]["eval"]
+
+
+def _split_off(out, name: str) -> None:
+    """Make ``out`` look like a run killed mid-stage: ``name``'s runs only in process 1's partial results."""
+    main, windows = json.loads((out / "results.json").read_text()), json.loads(gzip.decompress((out / "windows.json.gz").read_bytes()))
+    part = out / ex.PARTIAL / "rank1"
+    part.mkdir(parents=True)
+    mine = {**main, "runs": {name: main["runs"].pop(name)}}
+    mine["runs"][name]["0"]["train_loss"] = 123.0  # a mark: only a run taken from the partial file carries it
+    (part / "results.json").write_text(json.dumps(mine))
+    (part / "windows.json.gz").write_bytes(gzip.compress(json.dumps({name: windows.pop(name)}).encode()))
+    (out / "results.json").write_text(json.dumps(main))
+    (out / "windows.json.gz").write_bytes(gzip.compress(json.dumps(windows).encode()))
+
+
+def test_resume_takes_the_runs_another_process_had_not_handed_over(tmp_path):
+    """After a kill in runs mode, process 1's finished runs live only in ``partial/rank1``: ``--resume``
+    takes them from there (with their per-window losses) instead of training them again, and the
+    finished run removes the partial folder."""
+    config = ex.RunConfig(**{**ex.PRESETS["smoke"], "encodings": ("alibi", "none"), "steps": 4, "out": str(tmp_path),
+                             "plot": False, "progress": False})
+    first = ex.run(config)
+    _split_off(tmp_path, "none")
+    shutil.rmtree(tmp_path / "checkpoints")  # nothing to replay: the run must come from the partial file
+    again = ex.run(ex.RunConfig(**{**ex.asdict(config), "resume": True}))
+    assert again["runs"]["none"]["0"]["train_loss"] == 123.0
+    assert again["runs"]["none"]["0"]["eval"] == first["runs"]["none"]["0"]["eval"]
+    windows = json.loads(gzip.decompress((tmp_path / "windows.json.gz").read_bytes()))
+    assert set(windows) == {"alibi", "none"} and not (tmp_path / ex.PARTIAL).exists()
+
+
+def test_every_process_but_rank_0_writes_its_runs_to_its_partial_folder(tmp_path):
+    from relpos.experiment.parallel import Share
+
+    report = {"config": {}, "runs": {"alibi": {"1": {"eval": {"64": {"bits_per_byte": 2.0, "windows": [1.9, 2.1]}}}}}}
+    config = ex.RunConfig(out=str(tmp_path))
+    ex._Stages(config, None, Share(rank=1, world=2, split=True), None, report, {}, {}, 0.0).write()
+    saved = json.loads((tmp_path / ex.PARTIAL / "rank1" / "results.json").read_text())
+    assert saved["runs"]["alibi"]["1"]["eval"]["64"] == {"bits_per_byte": 2.0}  # the windows go to the gz file
+    assert not (tmp_path / "results.json").exists()  # rank 0's file is rank 0's
+    ex._Stages(config, None, Share(rank=1, world=2, split=False), None, report, {}, {}, 0.0).write()  # batch way
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_partial_results_of_other_options_are_refused_and_a_fresh_run_clears_them(tmp_path):
+    config = ex.RunConfig(**{**ex.PRESETS["smoke"], "encodings": ("alibi", "none"), "steps": 4, "out": str(tmp_path),
+                             "plot": False, "progress": False})
+    ex.run(config)
+    _split_off(tmp_path, "none")
+    stale = tmp_path / ex.PARTIAL / "rank1" / "results.json"
+    saved = json.loads(stale.read_text())
+    saved["config"]["steps"] = 5
+    stale.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"partial/rank1/results.json.*steps"):
+        ex.run(ex.RunConfig(**{**ex.asdict(config), "resume": True}))
+    ex.run(config)  # not resuming: the stale partial results are removed before any work
+    assert not (tmp_path / ex.PARTIAL).exists()
 
 
 def test_parallel_must_be_a_known_way():

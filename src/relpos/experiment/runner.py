@@ -20,6 +20,7 @@ import math
 import os
 import pathlib
 import platform
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +43,7 @@ from .report import compare_all, markdown_report, plot, summarize_runs
 from .parallel import PARALLEL, Share
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS, models, rope_scaling
 
-__all__ = ["PRESETS", "TASK_PRESETS", "RunConfig", "make_problem", "train_steps", "plateau", "estimate", "t5_buckets", "run"]
+__all__ = ["PRESETS", "TASK_PRESETS", "PARTIAL", "RunConfig", "make_problem", "train_steps", "plateau", "estimate", "t5_buckets", "run"]
 
 PRESETS: dict[str, dict] = {
     # the default run: three seeds of ten models, about 8 minutes on 2 CPU cores (docs/extrapolate.md)
@@ -414,17 +415,31 @@ def _check_writable(out: str) -> None:
         raise ValueError(f"--out {out!r} is not a writable folder ({exc.strerror})") from None
 
 
-def _previous_runs(config: RunConfig, path: pathlib.Path) -> tuple[dict, dict]:
-    """The finished runs and sweep runs of an earlier run in ``--out`` (with ``resume``)."""
-    if not (config.resume and path.exists()):
-        return {}, {}
-    saved = json.loads(path.read_text())
+def _saved_reports(config: RunConfig) -> list[pathlib.Path]:
+    """results.json of an earlier run in ``--out``, then each process's partial one (runs mode writes
+    ``partial/rank<r>/`` for the runs a process finished but has not yet handed to rank 0)."""
+    out = pathlib.Path(config.out)
+    return [path for path in (out / "results.json", *sorted((out / PARTIAL).glob("rank*/results.json"))) if path.exists()]
+
+
+def _previous_runs(config: RunConfig) -> tuple[dict, dict]:
+    """The finished runs and sweep runs of an earlier run in ``--out`` (with ``resume``), from its
+    results.json and its processes' partial results (a run found in several is taken from the first)."""
+    runs: dict = {}
+    sweep: dict = {}
+    if not config.resume:
+        return runs, sweep
     requested = asdict(config)
-    # an option newer than the saved run had its legacy value there, or else its default
-    recorded = {**asdict(RunConfig()), **_LEGACY, **saved["config"]}
-    _check_same(str(path), {k: recorded[k] for k in _RESUME_KEYS},
-                {k: requested.get(k) for k in _RESUME_KEYS})
-    return saved["runs"], saved.get("sweep", {})
+    for path in _saved_reports(config):
+        saved = json.loads(path.read_text())
+        # an option newer than the saved run had its legacy value there, or else its default
+        recorded = {**asdict(RunConfig()), **_LEGACY, **saved["config"]}
+        _check_same(str(path), {k: recorded[k] for k in _RESUME_KEYS}, {k: requested.get(k) for k in _RESUME_KEYS})
+        for mine, theirs in ((runs, saved["runs"]), (sweep, saved.get("sweep", {}))):
+            for name, entries in theirs.items():
+                for key, entry in entries.items():
+                    mine.setdefault(name, {}).setdefault(key, entry)
+    return runs, sweep
 
 
 def rates_from(path: str, names: list[str]) -> dict[str, float]:
@@ -445,15 +460,15 @@ def _plain_rope(lm_config: LMConfig) -> bool:
     return lm_config.encoding == "rope" and not lm_config.randomized_positions
 
 
-def _windows_path(config: RunConfig) -> pathlib.Path:
-    return pathlib.Path(config.out) / "windows.json.gz"
+#: the folder inside ``--out`` where each process of a runs-mode run keeps the runs it finished
+#: until the stage's end hands them to rank 0 (removed when the run is complete)
+PARTIAL = "partial"
 
 
-def _write_report(report: dict, windows: dict, config: RunConfig) -> None:
-    """results.json without the per-window losses, which go to windows.json.gz
+def _write_report(report: dict, windows: dict, out: pathlib.Path) -> None:
+    """results.json in ``out`` without the per-window losses, which go to windows.json.gz
     (``{model: {seed: {"main" | "second": {length: [bits per byte of each window]}}}}``, the window
     order of ``report["windows"]``): the file-level means in results.json are what the bootstrap reads."""
-    out = pathlib.Path(config.out)
     for name, seeds in report["runs"].items():
         for seed, run in seeds.items():
             for key, which in (("eval", "main"), ("eval_second", "second")):
@@ -463,12 +478,18 @@ def _write_report(report: dict, windows: dict, config: RunConfig) -> None:
     write_text(out / "results.json", json.dumps(json_safe(report), indent=1))
     if windows:
         save_with(lambda tmp: tmp.write_bytes(gzip.compress(json.dumps(json_safe(windows)).encode(), mtime=0)),
-                  _windows_path(config))
+                  out / "windows.json.gz")
 
 
 def _previous_windows(config: RunConfig) -> dict:
-    path = _windows_path(config)
-    return json.loads(gzip.decompress(path.read_bytes())) if config.resume and path.exists() else {}
+    """The per-window losses saved beside :func:`_saved_reports` (with ``resume``)."""
+    windows: dict = {}
+    for path in _saved_reports(config) if config.resume else ():
+        gz = path.with_name("windows.json.gz")
+        for name, seeds in (json.loads(gzip.decompress(gz.read_bytes())) if gz.exists() else {}).items():
+            for seed, entry in seeds.items():
+                windows.setdefault(name, {}).setdefault(seed, entry)
+    return windows
 
 
 def _fixed_rope_factor(config: RunConfig, problem) -> float:
@@ -589,8 +610,12 @@ class _Stages:
 
     def write(self) -> None:
         """results.json (rank 0; atomic), after every run it finishes: a kill loses at most the runs in progress."""
+        out = pathlib.Path(self.config.out)
         if self.share.rank == 0:
-            _write_report(self.report, self.windows, self.config)
+            _write_report(self.report, self.windows, out)
+        elif self.share.split:  # this process's own runs, until the stage's end hands them over
+            (out / PARTIAL / f"rank{self.share.rank}").mkdir(parents=True, exist_ok=True)
+            _write_report(self.report, self.windows, out / PARTIAL / f"rank{self.share.rank}")
 
     def sweep(self, plan, lrs, previous: dict) -> dict:
         """Stage 1: every model at every learning rate on the first seed; the rate with the lowest final
@@ -696,7 +721,8 @@ def _finish(stages: _Stages) -> None:
     report["summary"] = summarize_runs(report)
     report["comparisons"] = compare_all(report)
     report["wall_seconds"] = time.perf_counter() - stages.began
-    _write_report(report, stages.windows, config)
+    _write_report(report, stages.windows, out)
+    shutil.rmtree(out / PARTIAL, ignore_errors=True)  # every process's runs are in results.json now
     write_text(out / "results.md", markdown_report(report) + "\n")
     if config.plot:
         plot(report, out / "extrapolate.png")
@@ -720,8 +746,10 @@ def run(config: RunConfig, *, estimate_only: bool = False) -> dict:
                          "with parallel='batch'; or use parallel='runs'")
     if share.rank == 0:
         _check_writable(config.out)  # before any training, not after it
+        if not config.resume:  # a fresh run: no earlier run's partial results may be resumed later
+            shutil.rmtree(pathlib.Path(config.out) / PARTIAL, ignore_errors=True)
     problem = make_problem(config)
-    previous, previous_sweep = _previous_runs(config, pathlib.Path(config.out) / "results.json")
+    previous, previous_sweep = _previous_runs(config)
     plan = _plan(config, problem)
     scalings = config.rope_scalings if any(_plain_rope(c) for _, c in plan) else ()
     lrs = tuple(config.lrs) or (config.lr,)
