@@ -4,8 +4,9 @@ Two ways (``RunConfig.parallel``):
 
 * ``"runs"`` (the default): each process trains and evaluates whole runs (a model at a learning rate
   and seed) of its own, in one thread, and the processes exchange their results at the end of each
-  stage (the sweep, the seeds). A run is computed exactly as a single process computes it, so the
-  results do not depend on the number of processes. On 2 CPU cores the models of this experiment
+  stage (the sweep, the seeds); until then each process keeps its finished runs in
+  ``partial/rank<r>/`` of the output folder, which a resumed run reads. A run is computed exactly as
+  a single process computes it, so the results do not depend on the number of processes. On 2 CPU cores the models of this experiment
   are too small for two processes to share one batch well: two single-thread runs side by side take
   1.5x (text, 29 ms per step each) to 2.3x (tasks) less time per run than one run split over both
   (docs/extrapolate.md, "Presets").
