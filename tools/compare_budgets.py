@@ -19,7 +19,7 @@ import pathlib
 import sys
 
 from relpos._io import write_text
-from relpos.experiment.report import per_file
+from relpos.experiment.report import growth_per_file
 from relpos.experiment.runner import cooldown_steps
 from relpos.experiment.stats import holm, paired_bootstrap
 from relpos.experiment.variants import describe
@@ -32,25 +32,16 @@ def _load(folder: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _one_seed(report: dict, name: str, seed: str) -> dict:
-    """The report reduced to one model under one seed (what :func:`per_file` reads)."""
-    return {"windows": report["windows"], "runs": {name: {seed: report["runs"][name][seed]}}}
+def _growth(report: dict, name: str, seed: str):
+    """``(1, F)`` each held-out file's loss growth from the first to the longest length under ``seed``
+    alone, and the windows per file; None past a learned table."""
+    one = {"windows": report["windows"], "lengths": report["lengths"], "runs": {name: {seed: report["runs"][name][seed]}}}
+    return growth_per_file(one, name, report["lengths"][-1])
 
 
 def _bits(run: dict, length: int) -> float | None:
     cell = run["eval"].get(str(length))
     return None if cell is None else cell["bits_per_byte"]
-
-
-def _growth(report: dict, name: str, seed: str, first: int, last: int):
-    """``(1, F)`` each file's loss at ``last`` minus its loss at ``first``, and the windows per file; None past a table."""
-    one = _one_seed(report, name, seed)
-    at_last, at_first = per_file(one, name, last), per_file(one, name, first)
-    if at_last is None or at_first is None:
-        return None
-    files_first = sorted(set(report["windows"]["main"]["window_file"][str(first)]))
-    keep = [files_first.index(f) for f in sorted(set(report["windows"]["main"]["window_file"][str(last)]))]
-    return at_last[0] - at_first[0][:, keep], at_last[1]
 
 
 def compare(short: dict, long: dict, seed: int = 0, *, resamples: int = 2000) -> list[dict]:
@@ -70,7 +61,7 @@ def compare(short: dict, long: dict, seed: int = 0, *, resamples: int = 2000) ->
         row = {"model": name, "short": (_bits(a, first), _bits(a, last)), "long": (_bits(b, first), _bits(b, last)),
                "plateau": b["plateau"], "lr": b["lr"], "change": None,
                "seed_range": None if spread is None or spread["n"] < 2 else (spread["min"], spread["max"])}
-        grown_long, grown_short = _growth(long, name, key, first, last), _growth(short, name, key, first, last)
+        grown_long, grown_short = _growth(long, name, key), _growth(short, name, key)
         if grown_long is not None and grown_short is not None:
             row["change"] = paired_bootstrap(grown_long[0], grown_short[0], grown_long[1], resamples=resamples)
         rows.append(row)

@@ -79,6 +79,19 @@ def per_file(report: dict, name: str, length: int, which: str = "main") -> tuple
     return torch.stack(rows), counts
 
 
+def growth_per_file(report: dict, name: str, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(seeds, files)`` each held-out file's loss at ``length`` minus its loss at the first length
+    (the files with a window at ``length``), and the windows per file; ``None``: no result."""
+    first = report["lengths"][0]
+    at, base = per_file(report, name, length), per_file(report, name, first)
+    if at is None or base is None:
+        return None
+    columns = sorted(set(report["windows"]["main"]["window_file"][str(length)]))
+    base_columns = sorted(set(report["windows"]["main"]["window_file"][str(first)]))
+    keep = torch.tensor([base_columns.index(f) for f in columns])  # the length's files among the first length's
+    return at[0] - base[0][:, keep], at[1]
+
+
 def compare_all(report: dict, *, resamples: int = 1000) -> dict:
     """Every pair of models at every length, on the bits per byte and on the degradation from
     each model's own first length: a paired bootstrap over held-out files and seeds, with Holm's
@@ -90,10 +103,7 @@ def compare_all(report: dict, *, resamples: int = 1000) -> dict:
     rows = []
     for length in report["lengths"]:
         data = {n: per_file(report, n, length) for n in names}
-        base = {n: per_file(report, n, first) for n in names}
-        columns = sorted(set(report["windows"]["main"]["window_file"][str(length)]))
-        base_columns = sorted(set(report["windows"]["main"]["window_file"][str(first)]))
-        keep = torch.tensor([base_columns.index(f) for f in columns])  # the length's files among the first length's
+        growth = {n: growth_per_file(report, n, length) for n in names} if length != first else {}
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 if data[a] is None or data[b] is None or data[a][0].shape != data[b][0].shape:
@@ -101,10 +111,8 @@ def compare_all(report: dict, *, resamples: int = 1000) -> dict:
                 weights = data[a][1]
                 r = paired_bootstrap(data[a][0], data[b][0], weights, resamples=resamples)
                 rows.append({"a": a, "b": b, "length": length, "measure": "bits_per_byte", **r})
-                if length != first and base[a] is not None and base[b] is not None:
-                    da = data[a][0] - base[a][0][:, keep]  # (S, F): each file's loss growth from the first length
-                    db = data[b][0] - base[b][0][:, keep]
-                    r = paired_bootstrap(da, db, weights, resamples=resamples)
+                if growth.get(a) is not None and growth.get(b) is not None:
+                    r = paired_bootstrap(growth[a][0], growth[b][0], weights, resamples=resamples)  # (S, F) each
                     rows.append({"a": a, "b": b, "length": length, "measure": "degradation", **r})
     for row, adjusted in zip(rows, holm([r["p"] for r in rows])):
         row["p_holm"] = adjusted

@@ -435,11 +435,16 @@ def _previous_runs(config: RunConfig) -> tuple[dict, dict]:
         # an option newer than the saved run had its legacy value there, or else its default
         recorded = {**asdict(RunConfig()), **_LEGACY, **saved["config"]}
         _check_same(str(path), {k: recorded[k] for k in _RESUME_KEYS}, {k: requested.get(k) for k in _RESUME_KEYS})
-        for mine, theirs in ((runs, saved["runs"]), (sweep, saved.get("sweep", {}))):
-            for name, entries in theirs.items():
-                for key, entry in entries.items():
-                    mine.setdefault(name, {}).setdefault(key, entry)
+        _add_missing(runs, saved["runs"])
+        _add_missing(sweep, saved.get("sweep", {}))
     return runs, sweep
+
+
+def _add_missing(into: dict, other: dict) -> None:
+    """``{model: {key: entry}}``: ``other``'s entries that ``into`` lacks, added (whole entries, never merged)."""
+    for name, entries in other.items():
+        for key, entry in entries.items():
+            into.setdefault(name, {}).setdefault(key, entry)
 
 
 def rates_from(path: str, names: list[str]) -> dict[str, float]:
@@ -486,9 +491,8 @@ def _previous_windows(config: RunConfig) -> dict:
     windows: dict = {}
     for path in _saved_reports(config) if config.resume else ():
         gz = path.with_name("windows.json.gz")
-        for name, seeds in (json.loads(gzip.decompress(gz.read_bytes())) if gz.exists() else {}).items():
-            for seed, entry in seeds.items():
-                windows.setdefault(name, {}).setdefault(seed, entry)
+        if gz.exists():
+            _add_missing(windows, json.loads(gzip.decompress(gz.read_bytes())))
     return windows
 
 
@@ -609,13 +613,15 @@ class _Stages:
         return self.costs.get(name, {}).get(what, 0.0)
 
     def write(self) -> None:
-        """results.json (rank 0; atomic), after every run it finishes: a kill loses at most the runs in progress."""
+        """results.json (rank 0; atomic), after every run it finishes, or in runs mode each other process's
+        ``partial/rank<r>/`` until the stage's end hands its runs over: a kill loses at most the runs in progress."""
         out = pathlib.Path(self.config.out)
         if self.share.rank == 0:
             _write_report(self.report, self.windows, out)
-        elif self.share.split:  # this process's own runs, until the stage's end hands them over
-            (out / PARTIAL / f"rank{self.share.rank}").mkdir(parents=True, exist_ok=True)
-            _write_report(self.report, self.windows, out / PARTIAL / f"rank{self.share.rank}")
+        elif self.share.split:
+            mine = out / PARTIAL / f"rank{self.share.rank}"
+            mine.mkdir(parents=True, exist_ok=True)
+            _write_report(self.report, self.windows, mine)
 
     def sweep(self, plan, lrs, previous: dict) -> dict:
         """Stage 1: every model at every learning rate on the first seed; the rate with the lowest final
