@@ -12,10 +12,11 @@ Locally (CI unset) a skip stays a skip, and pytest's summary lists it.
 """
 
 import importlib.util
-import os
 
 import pytest
 import torch
+
+from ci_env import in_ci
 
 
 def pytest_configure(config):
@@ -31,10 +32,6 @@ def timm_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 
 def may_skip(item) -> bool:

@@ -391,3 +391,18 @@ def test_model_benchmark_saves_every_point(tmp_path):
     partial = dict(report, complete=False, results=report["results"][:4])
     text = _save(partial, str(tmp_path / "p.json"), str(tmp_path / "p.md"))
     assert "**Partial**" in text and "| 1 | 24 | skipped |" in text and (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_one_padded_sequence_at_real_size(grad):
+    """Inference (and training) on a single padded example, the most common call: batch of one, 1024
+    tokens of which 700 are real, past the real tile thresholds (regression: the shared kept-key run
+    sent every key to SDPA with a bias view of only the kept ones, a size-mismatch crash)."""
+    reference, accelerated = strong_pair("t5")
+    ids = torch.randint(2, SMALL["vocab_size"], (1, 1024), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(1, 1024, dtype=torch.long)
+    mask[0, :700] = 1
+    encoders = (reference.get_encoder(), accelerated.get_encoder())
+    with torch.set_grad_enabled(grad):
+        want, got = (e(input_ids=ids, attention_mask=mask).last_hidden_state for e in encoders)
+    assert torch.allclose(got[0, :700], want[0, :700], rtol=1e-4, atol=1e-5)

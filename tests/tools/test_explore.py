@@ -98,7 +98,7 @@ def test_page_in_a_real_browser(base_url):
     """Each view driven as a user would: the numbers shown are relpos's, controls update them, a bad
     value shows relpos's message and hides the stale result, the hover readout explains a cell."""
     if CHROMIUM is None:
-        from conftest import in_ci
+        from ci_env import in_ci
 
         if in_ci():
             pytest.fail("chromium is missing but CI=true: .ci/run installs Debian's chromium; the browser test must run in CI")

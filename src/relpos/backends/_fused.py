@@ -283,10 +283,12 @@ def tiled_sdpa(
     """
     batch, heads, query_length, _ = query.shape
     covers_all = sum((t.b1 - t.b0) * (t.r1 - t.r0) for t in tiles) == batch * query_length  # tiles never overlap
-    if len(tiles) == 1 and covers_all:
-        mask = tile_bias(values, tiles[0], query_length)  # (1, Hb, Lq, Lk) view
+    if len(tiles) == 1 and covers_all:  # one tile: every example keeps the same keys k0:k1 (batch of one too)
+        k0, k1 = tiles[0].k0, tiles[0].k1
+        mask = tile_bias(values, tiles[0], query_length)  # (1, Hb, Lq, k1 - k0) view
         return F.scaled_dot_product_attention(
-            query.flip(-2), key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+            query.flip(-2), key[:, :, k0:k1], value[:, :, k0:k1],
+            attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa,
         ).flip(-2)
     # Each tile flips its own query rows and writes its output (flipped back) straight into place: no
     # whole-length flips, no zero fill when the tiles cover every row (causal forward, L = 2048, one
