@@ -20,7 +20,9 @@ dense tensor. Backends:
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
@@ -39,8 +41,8 @@ from ..encodings.buckets import relative_positions
 
 __all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", "select_backend"]
 
-Backend = Literal["auto", "eager", "sdpa", "fused", "flex"]
-BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex")
+Backend = Literal["auto", "eager", "sdpa", "fused", "flex", "triton"]
+BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex", "triton")
 BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
 _FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
 _FLEX_MIN_HEAD_DIM = 16  # torch 2.11's flex lowering on CUDA: "embedding dimension ... must be at least 16"
@@ -211,7 +213,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
     compiling = torch.compiler.is_compiling()  # key ranges are data (tolist): a graph break under fullgraph
-    if masked and (compiling or _is_small(batch, heads, query_length, key_length)) and backend not in ("fused", "flex"):
+    if masked and (compiling or _is_small(batch, heads, query_length, key_length)) and backend not in ("fused", "flex", "triton"):
         dense_reason = (
             "under torch.compile a mask is one dense SDPA mask (key ranges would be a data-dependent branch)"
             if compiling
@@ -532,6 +534,55 @@ def _flex(call: _Call) -> torch.Tensor:
     )
 
 
+_TRITON_MAX_HEAD_DIM = 256  # one (rows, head dim) block of q, k and v per tile must fit the SM's shared memory
+
+
+def _triton_unavailable(call: _Call) -> str | None:
+    q = call.query
+    if call.dense_reason:
+        return f"the kernel reads a per-offset bias and key ranges; {call.dense_reason}"
+    if call.dropout_p:
+        return "the Triton kernel draws no dropout mask (sdpa's kernels do)"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
+    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "CPU tensors run the Triton kernel only under its interpreter (TRITON_INTERPRET=1, for tests)"
+    if q.device.type not in ("cpu", "cuda"):
+        return f"the Triton kernel runs on CUDA GPUs, not {q.device.type}"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernel takes float16, bfloat16 or float32, got {q.dtype}"
+    if max(q.shape[-1], call.value.shape[-1]) > _TRITON_MAX_HEAD_DIM:
+        return f"head dimensions above {_TRITON_MAX_HEAD_DIM} do not fit one tile"
+    if q.shape[2] == 0 or call.key_length == 0:
+        return "an empty query or key: nothing to compute"
+    return None
+
+
+def _triton_spec(call: _Call, deterministic: bool = False):
+    from ._triton import BIAS_CAUSAL_LINEAR, BIAS_NONE, BIAS_OFFSETS, BIAS_SYMMETRIC_LINEAR, TritonSpec
+
+    bias, kind, flat = call.bias, BIAS_NONE, None
+    if bias is not None:
+        trainable = _needs_grad(bias.values)
+        if bias.linear is not None and not trainable:
+            kind = BIAS_SYMMETRIC_LINEAR if bias.linear.symmetric else BIAS_CAUSAL_LINEAR
+        else:
+            kind, flat = BIAS_OFFSETS, (None if bias.flat is None else bias.flat_indices())
+    return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic)
+
+
+def _triton(call: _Call) -> torch.Tensor:
+    from ._triton import triton_attention
+
+    spec = _triton_spec(call)
+    bias, slopes = call.bias, None
+    if bias is not None and bias.linear is not None:
+        slopes = bias.linear.slopes.expand(call.query.shape[1])  # (H,): one head's slopes broadcast
+    ranges = None if call.ranges is None else (call.ranges.starts, call.ranges.ends)
+    values = None if bias is None else bias.values
+    return triton_attention(call.query, call.key, call.value, values=values, slopes=slopes, key_ranges=ranges, spec=spec)
+
+
 @dataclass(frozen=True)
 class _Implementation:
     """A backend's one shape: why it cannot run a call (``None`` when it can), and how it runs one."""
@@ -545,4 +596,5 @@ _IMPLEMENTATIONS: dict[str, _Implementation] = {
     "sdpa": _Implementation(lambda call: None, _sdpa),  # a dense mask covers what the tiles cannot
     "fused": _Implementation(_fused_unavailable, _fused),
     "flex": _Implementation(_flex_unavailable, _flex),
+    "triton": _Implementation(_triton_unavailable, _triton),
 }

@@ -7,12 +7,13 @@ A fixed penalty proportional to distance, with one slope per head:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Literal, Sequence
 
 import torch
 
 from .._checks import check_choice, check_device, check_int
-from .bias import RelativeBias
+from .bias import LinearForm, OffsetBias, RelativeBias
 
 __all__ = ["ALiBi", "alibi_slopes"]
 
@@ -102,3 +103,9 @@ class ALiBi(RelativeBias):
     def bias_at(self, relative_position: torch.Tensor) -> torch.Tensor:
         rel = relative_position.clamp(max=0) if self.mode == "causal" else -relative_position.abs()  # (n,)
         return self.slopes[:, None] * rel.to(self.slopes.dtype)  # (H, n)
+
+    def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
+        """Per-offset values, with the closed form (:class:`LinearForm`) a GPU kernel computes in place."""
+        offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
+        slopes = self.slopes.to(device=offsets.values.device, dtype=torch.float32)  # (H,)
+        return replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))

@@ -16,7 +16,7 @@ Attention takes either: ``bias.offsets(Lq, Lk, q_offset=...)`` where it can,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from torch import nn
 from .._checks import check_device, check_int
 from .buckets import relative_offsets
 
-__all__ = ["OffsetBias", "AdditiveBias", "RelativeBias", "hankel_view"]
+__all__ = ["OffsetBias", "AdditiveBias", "LinearForm", "RelativeBias", "hankel_view"]
 
 
 def hankel_view(values: torch.Tensor, key_length: int, *, rows: int | None = None, offset: int = 0) -> torch.Tensor:
@@ -42,6 +42,19 @@ def hankel_view(values: torch.Tensor, key_length: int, *, rows: int | None = Non
     if offset == 0:  # the common case keeps the input's storage offset (simplest graph under torch.compile)
         return values.as_strided(shape, strides)
     return values.as_strided(shape, strides, values.storage_offset() + offset)
+
+
+@dataclass(frozen=True)
+class LinearForm:
+    """A bias that is a closed form of the offset ``o = j - i`` with one slope ``m`` per head.
+
+    ``symmetric=False``: ``m * min(o, 0)`` (ALiBi's causal form, 0 for future keys);
+    ``symmetric=True``: ``-m * |o|``. A GPU kernel computes it inside each tile from the slopes
+    instead of reading per-offset values.
+    """
+
+    slopes: torch.Tensor  # (H,) fp32
+    symmetric: bool
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,12 @@ class OffsetBias:
     query_length: int
     key_length: int
     q_offset: int = 0
+    #: ``(lo, hi)``: every offset ``<= lo`` reads one parameter (one table entry), and so does every
+    #: offset ``>= hi`` (T5 beyond ``max_distance``, clipped beyond R). A kernel then adds one scalar per
+    #: head to a tile that lies wholly in such a range, and sends that tile's gradient to one entry.
+    flat: tuple[int, int] | None = None
+    #: the same values as a closed form of the offset (ALiBi), when one exists.
+    linear: LinearForm | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.values, torch.Tensor) or not self.values.dtype.is_floating_point:
@@ -120,7 +139,20 @@ class OffsetBias:
         return OffsetBias(values, self.query_length, self.key_length, self.q_offset)
 
     def to(self, dtype: torch.dtype) -> "OffsetBias":
-        return OffsetBias(self.values.to(dtype), self.query_length, self.key_length, self.q_offset)
+        return replace(self, values=self.values.to(dtype))
+
+    def flat_indices(self) -> tuple[int, int]:
+        """:attr:`flat` as indices into :attr:`values`: ``values[:, :lo + 1]`` share one entry, as do
+        ``values[:, hi:]``; ``(-1, n)`` when there is no such range.
+
+        >>> OffsetBias(torch.zeros(1, 9), 5, 5, flat=(-2, 2)).flat_indices()   # offsets -4 .. 4
+        (2, 6)
+        """
+        n = self.values.shape[-1]
+        if self.flat is None:
+            return -1, n
+        base = self.q_offset + self.query_length - 1  # index of offset 0
+        return max(-1, min(self.flat[0] + base, n - 1)), min(n, max(self.flat[1] + base, 0))
 
 
 class AdditiveBias(nn.Module):

@@ -6,11 +6,13 @@ One learned scalar per head for every offset ``j - i`` clipped to ``[-R, R]``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from .._checks import check_device, check_int
-from .bias import RelativeBias
+from .bias import OffsetBias, RelativeBias
 
 __all__ = ["ClippedRelativeBias"]
 
@@ -53,3 +55,8 @@ class ClippedRelativeBias(RelativeBias):
     def bias_at(self, relative_position: torch.Tensor) -> torch.Tensor:
         index = relative_position.clamp(-self.max_distance, self.max_distance) + self.max_distance  # (n,)
         return self.relative_bias[:, index]  # (H, n)
+
+    def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
+        """Per-offset values; offsets beyond ``[-R, R]`` share the end entries (:attr:`OffsetBias.flat`)."""
+        offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
+        return replace(offsets, flat=(-self.max_distance, self.max_distance))

@@ -9,13 +9,14 @@ weights of any T5 checkpoint's bias load as they are and give exactly what
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import torch
 from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
-from .bias import RelativeBias
+from .bias import OffsetBias, RelativeBias
 from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
 
 __all__ = ["RelativePositionalBias"]
@@ -92,6 +93,13 @@ class RelativePositionalBias(RelativeBias):
     def bias_at(self, relative_position: torch.Tensor) -> torch.Tensor:
         """(H, n) bias at the (n,) offsets: one bucket and one table row per offset."""
         return self.relative_attention_bias(self.bucket(relative_position)).transpose(0, 1)  # (H, n)
+
+    def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
+        """Per-offset values; offsets at or beyond ``max_distance`` (and, in the causal form, every
+        future offset, which shares offset 0's bucket) are marked :attr:`OffsetBias.flat`."""
+        offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
+        far = self.max_distance if self.bidirectional else 0
+        return replace(offsets, flat=(-self.max_distance, far))
 
     @classmethod
     def from_t5_state_dict(

@@ -1,0 +1,485 @@
+"""Flash attention with the relative position term computed inside each tile (Triton).
+
+One kernel file, in the layout of Triton's fused-attention tutorial and FlashAttention-2:
+a forward with an online softmax in fp32, and a backward in three kernels (``delta = rowsum(dO * O)``;
+``dk, dv`` per key block; ``dq`` and the bias gradient per query block). The position term of
+tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
+
+* ``BIAS_OFFSETS``: read from the per-offset values ``values[h, j - i + Lq - 1]`` (any
+  :class:`~relpos.OffsetBias`: T5, clipped, Kerple, Sandwich, FIRE, log-decay). A tile whose
+  offsets all lie in a range the bias marks :attr:`~relpos.OffsetBias.flat` (T5 beyond
+  ``max_distance``, clipped beyond R) adds one scalar per head instead;
+* ``BIAS_CAUSAL_LINEAR`` / ``BIAS_SYMMETRIC_LINEAR``: ALiBi's closed forms ``m * min(j - i, 0)`` and
+  ``-m * |j - i|`` from one slope per head;
+* causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
+  tiles they cut are masked.
+
+Bias gradient (``d values[h, t]`` = the sum of ``dS`` over the diagonal ``j - i = t - Lq + 1``, over
+the batch): each (query block, key block) tile reduces its ``dS`` along its ``BM + BN - 1``
+diagonals in registers (``tl.gather`` skews the tile) and adds them with atomics; flat tiles add
+their whole sum to the range's one entry, accumulated per program. ``deterministic=True``
+writes each tile's diagonal sums to its own slot and adds them in a fixed order instead.
+
+The kernels also run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before
+this module is imported), which is how the CPU test suite checks them against fp64 oracles.
+The readable reference they are tested against is the ``eager`` backend (relpos.backends.dispatch).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
+LOG2E = 1.4426950408889634
+
+BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------- tiles
+@triton.jit
+def _bias_tile(
+    VALS, slope, rows, cols, m0, n0, Lq, q_offset, n_vals, t_lo, t_hi, v_lo, v_hi,
+    BIAS: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):
+    """The tile's position term in natural units; ``rows`` / ``cols`` broadcast to its shape."""
+    if BIAS == 1:
+        t = cols - rows + (Lq - 1)  # index into values: offset j - i shifted to start at 0
+        if FLAT:
+            t_min = n0 - (m0 + BM - 1) + Lq - 1
+            t_max = n0 + BN - 1 - m0 + Lq - 1
+            if t_max <= t_lo:
+                b = tl.zeros(t.shape, tl.float32) + v_lo
+            elif t_min >= t_hi:
+                b = tl.zeros(t.shape, tl.float32) + v_hi
+            else:
+                b = tl.load(VALS + t, mask=(t >= 0) & (t < n_vals), other=0.0)
+        else:
+            b = tl.load(VALS + t, mask=(t >= 0) & (t < n_vals), other=0.0)
+    elif BIAS == 2:
+        b = slope * tl.minimum(cols - rows - q_offset, 0).to(tl.float32)
+    else:
+        b = -slope * tl.abs(cols - rows - q_offset).to(tl.float32)
+    return b
+
+
+@triton.jit
+def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
+    """Which (query, key) pairs a tile may attend to: keys in [lo, hi), and not in the future."""
+    keep = (cols >= lo) & (cols < hi)
+    if CAUSAL:
+        keep = keep & (cols <= rows + q_offset)
+    return keep
+
+
+@triton.jit
+def _key_range(STARTS, ENDS, b, Lk, RANGES: tl.constexpr):
+    lo = 0
+    hi = Lk
+    if RANGES:
+        lo = tl.load(STARTS + b)
+        hi = tl.load(ENDS + b)
+    return lo, hi
+
+
+@triton.jit
+def _flat_values(VALS, t_lo, t_hi, n_vals, FLAT: tl.constexpr):
+    v_lo = 0.0
+    v_hi = 0.0
+    if FLAT:
+        v_lo = tl.load(VALS + tl.maximum(t_lo, 0)).to(tl.float32)
+        v_hi = tl.load(VALS + tl.minimum(t_hi, n_vals - 1)).to(tl.float32)
+    return v_lo, v_hi
+
+
+# ------------------------------------------------------------------------------------------- forward
+@triton.jit
+def _fwd_step(
+    acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
+    stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
+    D: tl.constexpr, DV: tl.constexpr, BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr,
+    MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+):
+    offs_n = n0 + tl.arange(0, BN)
+    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=(offs_n[:, None] < hi) & (offs_d[None, :] < D), other=0.0)  # (BN, D)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BM, BN), log2 units
+    if BIAS != 0:
+        bias = _bias_tile(VALS, slope, offs_m[:, None], offs_n[None, :], m0, n0, Lq, q_offset, n_vals,
+                          t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
+        s += bias * 1.4426950408889634
+    if MASK:
+        s = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # (BM,)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    p = tl.math.exp2(s - m_use[:, None])  # (BM, BN)
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + offs_n[:, None] * stride_vn + offs_dv[None, :],
+                mask=(offs_n[:, None] < hi) & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BM, DV)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om, stride_vals,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, n_vals, t_lo, t_hi,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    m0 = pid_m * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D), other=0.0)  # (BM, D)
+    K += b * stride_kb + (h // GROUP) * stride_kh
+    V += b * stride_vb + (h // GROUP) * stride_vh
+    VALS += h * stride_vals
+    slope = 0.0
+    if BIAS >= 2:
+        slope = tl.load(SLOPES + h)
+    v_lo, v_hi = _flat_values(VALS, t_lo, t_hi, n_vals, FLAT)
+    lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + m0 + BM)  # no row of the block sees a key past its last row
+        full = tl.minimum(hi, q_offset + m0 + 1)  # keys every row of the block sees
+    else:
+        full = hi
+    full = tl.maximum(lo, lo + ((full - lo) // BN) * BN)  # whole key blocks needing no mask
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, DV_PAD], tl.float32)
+    for n0 in range(lo, full, BN):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
+                                  stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
+                                  D, DV, BIAS, FLAT, CAUSAL, False, BM, BN, PRECISION)
+    for n0 in range(full, hi, BN):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
+                                  stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
+                                  D, DV, BIAS, FLAT, CAUSAL, True, BM, BN, PRECISION)
+    seen = l_i > 0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))  # base 2
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :],
+             out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < DV))
+    tl.store(LSE + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+# ------------------------------------------------------------------------------------------ backward
+@triton.jit
+def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm, H, Lq,
+                  DV: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_dv = tl.arange(0, DV_PAD)
+    mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < DV)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_dv[None, :], mask=mask, other=0.0)
+    tl.store(DELTA + pid_bh * Lq + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < Lq)
+
+
+@triton.jit
+def _dkdv_kernel(
+    Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm, stride_vals,
+    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dk, dv of one key block of one key/value head: every query head of its group, every query block."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, hk = pid_bh // HKV, pid_bh % HKV
+    n0 = pid_n * BN
+    offs_n = n0 + tl.arange(0, BN)
+    offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
+    lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
+    kv_mask = offs_n[:, None] < Lk
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=kv_mask & (offs_d[None, :] < D), other=0.0)  # (BN, D)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :],
+                mask=kv_mask & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
+    dk = tl.zeros([BN, D_PAD], tl.float32)
+    dv = tl.zeros([BN, DV_PAD], tl.float32)
+    m_start = 0
+    if CAUSAL:
+        m_start = (tl.maximum(n0 - q_offset, 0) // BM) * BM  # earlier queries see none of these keys
+    m_end = Lq
+    if (n0 >= hi) | (n0 + BN <= lo):
+        m_end = 0  # padding: no query sees these keys
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        slope = 0.0
+        if BIAS >= 2:
+            slope = tl.load(SLOPES + h)
+        vals = VALS + h * stride_vals
+        v_lo, v_hi = _flat_values(vals, t_lo, t_hi, n_vals, FLAT)
+        qh = Q + b * stride_qb + h * stride_qh
+        doh = DO + b * stride_db + h * stride_dh
+        for m0 in range(m_start, m_end, BM):
+            offs_m = m0 + tl.arange(0, BM)
+            row_ok = offs_m < Lq
+            q = tl.load(qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BM, D)
+            do = tl.load(doh + offs_m[:, None] * stride_dm + offs_dv[None, :],
+                         mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (BM, DV)
+            lse = tl.load(LSE + (b * H + h) * Lq + offs_m, mask=row_ok, other=float("inf"))  # (BM,)
+            delta = tl.load(DELTA + (b * H + h) * Lq + offs_m, mask=row_ok, other=0.0)
+            st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BN, BM), log2 units
+            if BIAS != 0:
+                bias = _bias_tile(vals, slope, offs_m[None, :], offs_n[:, None], m0, n0, Lq, q_offset, n_vals,
+                                  t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
+                st += bias * 1.4426950408889634
+            keep = _visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL)
+            pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)  # (BN, BM)
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
+            dst = pt * (dpt - delta[None, :])
+            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
+    tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
+    tl.store(DV_OUT + pid_bh * Lk * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
+             mask=kv_mask & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
+    """(BT,) sums of ``ds`` (BM, BN) along its diagonals: entry ``u`` sums ``ds[i, j]`` with ``j - i = u - BM + 1``."""
+    u = tl.arange(0, BT)[:, None]
+    j = tl.arange(0, BN)[None, :]
+    i = j - u + BM - 1  # (BT, BN): the row of ds on diagonal u in column j
+    on = (i >= 0) & (i < BM)
+    skewed = tl.gather(ds, tl.where(on, i, 0), axis=0)  # (BT, BN)
+    return tl.sum(tl.where(on, skewed, 0.0), 1)
+
+
+@triton.jit
+def _dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dq of one query block, and its share of the per-offset values' gradient."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    m0 = pid_m * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
+    row_ok = offs_m < Lq
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BM, D)
+    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_dv[None, :],
+                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (BM, DV)
+    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=row_ok, other=0.0)
+    K += b * stride_kb + (h // GROUP) * stride_kh
+    V += b * stride_vb + (h // GROUP) * stride_vh
+    vals = VALS + h * stride_vals
+    dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
+    slope = 0.0
+    if BIAS >= 2:
+        slope = tl.load(SLOPES + h)
+    v_lo, v_hi = _flat_values(vals, t_lo, t_hi, n_vals, FLAT)
+    lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + m0 + BM)
+    dq = tl.zeros([BM, D_PAD], tl.float32)
+    lo_sum = 0.0
+    hi_sum = 0.0
+    u = tl.arange(0, BT)
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :],
+                    mask=(offs_n[:, None] < hi) & (offs_d[None, :] < D), other=0.0)  # (BN, D)
+        v = tl.load(V + offs_n[:, None] * stride_vn + offs_dv[None, :],
+                    mask=(offs_n[:, None] < hi) & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BM, BN)
+        if BIAS != 0:
+            bias = _bias_tile(vals, slope, offs_m[:, None], offs_n[None, :], m0, n0, Lq, q_offset, n_vals,
+                              t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
+            s += bias * 1.4426950408889634
+        keep = _visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL)
+        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
+        ds = p * (dp - delta[:, None])  # the score gradient, natural units
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+        if BIAS_GRAD:
+            t0 = n0 - (m0 + BM - 1) + Lq - 1  # values index of the tile's first diagonal
+            if n0 + BN - 1 - m0 + Lq - 1 <= t_lo:  # the tile lies wholly in a flat range (never without one:
+                lo_sum += tl.sum(tl.sum(ds, 1), 0)  # then t_lo = -1 and t_hi = n_vals)
+            elif t0 >= t_hi:
+                hi_sum += tl.sum(tl.sum(ds, 1), 0)
+            else:
+                diag = _diagonal_sums(ds, BM, BN, BT)
+                target = t0 + u
+                ok = (u < BM + BN - 1) & (target >= 0) & (target < n_vals)
+                tl.atomic_add(dvals + target, diag, mask=ok)
+                if DETERMINISTIC:  # this program's own slot: its tiles add in loop order
+                    tl.debug_barrier()
+    tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+    if BIAS_GRAD and FLAT:
+        tl.atomic_add(dvals + tl.maximum(t_lo, 0), lo_sum)
+        if DETERMINISTIC:
+            tl.debug_barrier()
+        tl.atomic_add(dvals + tl.minimum(t_hi, n_vals - 1), hi_sum)
+
+
+# ------------------------------------------------------------------------------------------- wrapper
+@dataclass(frozen=True)
+class _Blocks:
+    fwd: tuple[int, int, int, int]  # BM, BN, warps, stages
+    dkdv: tuple[int, int, int, int]
+    dq: tuple[int, int, int, int]
+
+
+def _blocks(head_dim: int, device: torch.device) -> _Blocks:
+    """Tile sizes: small under the interpreter (many tiles at test sizes), the fused-attention tutorial's on a GPU."""
+    if device.type != "cuda":
+        return _Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))
+    warps = 4 if head_dim <= 64 else 8
+    return _Blocks((128, 64, warps, 3), (32, 128, 4, 3), (128, 32, 4, 3))
+
+
+@dataclass(frozen=True)
+class TritonSpec:
+    """Everything about one call that is not a tensor."""
+
+    bias_kind: int  # BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR
+    causal: bool
+    scale: float
+    q_offset: int
+    flat: tuple[int, int] | None  # indices into the values (OffsetBias.flat_indices) or None
+    deterministic: bool = False
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _TritonAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, values, slopes, starts, ends, spec: TritonSpec):
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
+        batch, heads, query_length, dim = q.shape
+        key_length, dim_v = k.shape[2], v.shape[3]
+        vals = values.float().contiguous()  # (Hb, n)
+        blocks = _blocks(dim, q.device)
+        bm, bn, warps, stages = blocks.fwd
+        out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
+        lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
+        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, vals.shape[1])
+        grid = (triton.cdiv(query_length, bm), batch * heads)
+        _fwd_kernel[grid](
+            q, k, v, out, lse, vals, slopes, starts, ends,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], vals.stride(0) if vals.shape[0] > 1 else 0,
+            heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, vals.shape[1], t_lo, t_hi,
+            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), BIAS=spec.bias_kind, FLAT=spec.flat is not None,
+            CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
+            num_warps=warps, num_stages=stages,
+        )
+        ctx.save_for_backward(q, k, v, out, lse, vals, slopes, starts, ends)
+        ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, vals, slopes, starts, ends = ctx.saved_tensors
+        spec = ctx.spec
+        grad_out = _last_dim_contiguous(grad_out)  # (B, H, Lq, dv)
+        batch, heads, query_length, dim = q.shape
+        kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
+        blocks = _blocks(dim, q.device)
+        common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), BIAS=spec.bias_kind,
+                      FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q))
+        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, vals.shape[1])
+        stride_vals = vals.stride(0) if vals.shape[0] > 1 else 0
+        scalars = (spec.q_offset, spec.scale * LOG2E, spec.scale, vals.shape[1], t_lo, t_hi)
+
+        delta = torch.empty_like(lse)  # (B, H, Lq)
+        _delta_kernel[(triton.cdiv(query_length, 64), batch * heads)](
+            out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
+            DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
+        )
+        bm, bn, warps, stages = blocks.dkdv
+        dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
+        dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
+        _dkdv_kernel[(triton.cdiv(key_length, bn), batch * kv_heads)](
+            q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], stride_vals,
+            heads, kv_heads, heads // kv_heads, query_length, key_length, *scalars,
+            **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+        )
+        bm, bn, warps, stages = blocks.dq
+        bias_grad = ctx.values_grad and spec.bias_kind == BIAS_OFFSETS
+        programs = triton.cdiv(query_length, bm) * batch * heads
+        slots = programs if (bias_grad and spec.deterministic) else 1
+        dvals = torch.zeros(slots, *vals.shape, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
+        dq = torch.empty_like(q)
+        _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+            q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], stride_vals,
+            dvals.stride(1) if vals.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0,
+            heads, heads // kv_heads, query_length, key_length, *scalars,
+            **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
+            BT=triton.next_power_of_2(bm + bn - 1), num_warps=warps, num_stages=stages,
+        )
+        grad_values = dvals.sum(0).to(ctx.values_dtype) if bias_grad else None  # (Hb, n)
+        return dq, dk, dv, grad_values, None, None, None, None
+
+
+def _precision(q: torch.Tensor) -> str:
+    """fp32 inputs multiply in full fp32 ("ieee"), not TF32: relpos's fp32 results are exact everywhere."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
+def triton_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    values: torch.Tensor | None,
+    slopes: torch.Tensor | None,
+    key_ranges: tuple[tuple[int, ...], tuple[int, ...]] | None,
+    spec: TritonSpec,
+) -> torch.Tensor:
+    """(B, H, Lq, dv) attention through the kernels; inputs already validated (relpos.attention).
+
+    ``values``: (Hb, Lq + Lk - 1) per-offset bias (Hb = 1 or H), read when ``spec.bias_kind`` is
+    ``BIAS_OFFSETS``; ``slopes``: (H,) for the linear kinds; ``key_ranges``: per-example kept keys
+    ``(starts, ends)``.
+    """
+    device = query.device
+    dummy = torch.zeros(1, device=device, dtype=torch.float32)
+    if values is None or spec.bias_kind != BIAS_OFFSETS:
+        values = dummy[None]  # (1, 1): never read
+    if slopes is None:
+        slopes = dummy
+    starts = ends = None
+    if key_ranges is not None:
+        starts = torch.tensor(key_ranges[0], device=device, dtype=torch.int32)  # (B,)
+        ends = torch.tensor(key_ranges[1], device=device, dtype=torch.int32)
+    return _TritonAttention.apply(query, key, value, values, slopes.float().contiguous(), starts, ends, spec)
