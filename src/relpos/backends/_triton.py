@@ -127,7 +127,10 @@ def _fwd_step(
     return acc, m_new, l_i
 
 
-@triton.jit
+_RUNTIME_INTS = ["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi"]  # no recompiles as they change
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -191,7 +194,7 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
     tl.store(DELTA + pid_bh * Lq + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < Lq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _dkdv_kernel(
     Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -267,7 +270,7 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
     return tl.sum(tl.where(on, skewed, 0.0), 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -352,12 +355,20 @@ class _Blocks:
     dq: tuple[int, int, int, int]
 
 
+#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension; benchmarks/gpu_kernel.py --sweep measures them
+GPU_BLOCKS: dict[int, _Blocks] = {
+    64: _Blocks((128, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),
+    128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
+    256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
+}
+INTERPRETER_BLOCKS = _Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))  # many tiles at test sizes
+
+
 def _blocks(head_dim: int, device: torch.device) -> _Blocks:
-    """Tile sizes: small under the interpreter (many tiles at test sizes), the fused-attention tutorial's on a GPU."""
+    """Tile sizes: small under the interpreter, per head dimension on a GPU."""
     if device.type != "cuda":
-        return _Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))
-    warps = 4 if head_dim <= 64 else 8
-    return _Blocks((128, 64, warps, 3), (32, 128, 4, 3), (128, 32, 4, 3))
+        return INTERPRETER_BLOCKS
+    return GPU_BLOCKS[min(d for d in GPU_BLOCKS if d >= max(head_dim, 16))]
 
 
 @dataclass(frozen=True)

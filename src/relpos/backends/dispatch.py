@@ -277,6 +277,22 @@ def _choose(call: _Call) -> BackendChoice:
     bias_grad = _bias_grad(call)
     rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
     flex_no, fused_no = _flex_unavailable(call), _fused_unavailable(call)
+    triton_no = _triton_unavailable(call)
+    if q.device.type != "cuda":
+        triton_no = "a CUDA kernel (CPU tensors run it only under Triton's interpreter, for tests)"
+    elif triton_no is None and call.small:
+        triton_no = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call costs less than compiling the kernel's variant"
+    elif triton_no is None and call.bias is None:
+        triton_no = "no position term: SDPA's own flash/cuDNN kernels are faster"
+    rejected["triton"] = triton_no or ""
+    if triton_no is None:  # measured on an H100 (docs/bench-gpu-kernel.md): the fastest route for a position term
+        del rejected["triton"]
+        rejected.update(
+            sdpa="SDPA reads the bias as an (Lq, Lk) view or copy, and its math kernel holds (B, H, Lq, Lk) for a table gradient",
+            flex=flex_no or "FlexAttention gathers the bias per score and trains the table with per-score atomics",
+            fused=fused_no or "fused is the CPU path",
+        )
+        return BackendChoice("triton", "position term on a CUDA GPU: the Triton kernel computes it inside each tile", rejected)
     if call.dense_reason:
         rejected.update(fused=fused_no, flex=flex_no)
         return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)
@@ -352,11 +368,13 @@ def select_backend(
 ) -> BackendChoice:
     """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
 
-    Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: a dense bias,
-    or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused`` on CPU,
-    ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU (both
-    train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on tiles with a zero-copy
-    view. ``eager`` is the reference, never auto.
+    Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: on a CUDA GPU,
+    a per-offset bias (frozen or learnable, with causal, padding, grouped heads) past 2**21 scores
+    and without dropout: ``triton`` (the position term computed inside each tile; needs triton).
+    A dense bias, or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused``
+    on CPU, ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU
+    without triton (both train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on
+    tiles with a zero-copy view. ``eager`` is the reference, never auto.
     """
     return _choose(_prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, scale, q_offset))
 
@@ -393,7 +411,8 @@ def attention(
             SDPA; modules pass it only in training). Seeded by torch's RNG.
         scale: logit scale; ``None`` means ``1/sqrt(d)`` (T5 uses ``1.0``).
         q_offset: cached tokens before the first query (decoding) or the query-to-key alignment.
-        backend: ``"auto"``, ``"eager"``, ``"sdpa"``, ``"fused"`` or ``"flex"``.
+        backend: ``"auto"``, ``"eager"``, ``"sdpa"``, ``"fused"``, ``"flex"`` or ``"triton"`` (CUDA;
+            its bias gradient sums in a fixed order under ``torch.use_deterministic_algorithms(True)``).
 
     Returns ``(B, H, Lq, dv)`` in the query's dtype; bias, masks and softmax are computed in
     fp32 (fp64 for fp64 inputs) on every backend. A query row whose keys are all masked returns
@@ -543,6 +562,8 @@ def _triton_unavailable(call: _Call) -> str | None:
         return f"the kernel reads a per-offset bias and key ranges; {call.dense_reason}"
     if call.dropout_p:
         return "the Triton kernel draws no dropout mask (sdpa's kernels do)"
+    if torch.compiler.is_compiling():
+        return "under torch.compile relpos keeps to paths the compiler traces (sdpa, flex)"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
@@ -558,7 +579,7 @@ def _triton_unavailable(call: _Call) -> str | None:
     return None
 
 
-def _triton_spec(call: _Call, deterministic: bool = False):
+def _triton_spec(call: _Call):
     from ._triton import BIAS_CAUSAL_LINEAR, BIAS_NONE, BIAS_OFFSETS, BIAS_SYMMETRIC_LINEAR, TritonSpec
 
     bias, kind, flat = call.bias, BIAS_NONE, None
@@ -568,6 +589,7 @@ def _triton_spec(call: _Call, deterministic: bool = False):
             kind = BIAS_SYMMETRIC_LINEAR if bias.linear.symmetric else BIAS_CAUSAL_LINEAR
         else:
             kind, flat = BIAS_OFFSETS, (None if bias.flat is None else bias.flat_indices())
+    deterministic = torch.are_deterministic_algorithms_enabled()  # the bias gradient's sum in a fixed order
     return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic)
 
 

@@ -1,0 +1,248 @@
+"""The Triton kernel (``backend="triton"``) against fp64 attention built from the formulas.
+
+Without a GPU the kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set
+here before the kernels are imported) with 16 x 16 tiles, so these small sizes already cross many
+tiles, flat ranges, causal diagonals and padding edges. With a GPU the same tests run on it with the
+kernel's real tiles, and tests/backends/test_triton_gpu.py adds real sizes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before relpos.backends._triton builds its kernels
+
+pytest.importorskip("triton")  # the dev extra installs it (tests/conftest.py: under CI a skip fails)
+
+import relpos  # noqa: E402
+from relpos.backends import _triton  # noqa: E402
+
+from oracles import assert_bias_matters, attend, bias_oracle  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H, D = 4, 16
+
+
+def strong(module):
+    """Parameters drawn large enough that the position term moves the output far beyond the tolerance."""
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 1.5 if p.dim() > 1 or p.numel() > H else p.abs() + 0.3)
+    return module
+
+
+BIASES = {
+    "t5": lambda: strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=8)),
+    "t5_causal_buckets": lambda: strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=12, bidirectional=False)),
+    "clipped": lambda: strong(relpos.ClippedRelativeBias(H, max_distance=5)),
+    "alibi": lambda: relpos.ALiBi(H, slopes=[0.5, 0.3, 0.2, 0.1]),
+    "alibi_symmetric": lambda: relpos.ALiBi(H, mode="symmetric", slopes=[0.5, 0.3, 0.2, 0.1]),
+    "kerple": lambda: relpos.KerpleBias(H, r1=[1.0, 2.0, 0.5, 1.5], r2=[0.5, 1.0, 2.0, 0.3]),
+    "sandwich": lambda: relpos.SandwichBias(H, dim=16),
+    "fire": lambda: strong(relpos.FIREBias(H, mlp_width=8, init_L=512.0)),
+    "log_decay": lambda: relpos.LogDecayBias(2.0, num_heads=H),
+    "shared_head": lambda: strong(relpos.T5RelativeBias(1, num_buckets=8, max_distance=8)),
+    "none": lambda: None,
+}
+CAUSAL_ONLY = {"alibi"}  # ALiBi's causal form defines no bias for future keys
+
+
+def qkv(batch, lq, lk, *, kv_heads=H, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((batch, H, lq, D), (batch, kv_heads, lk, D), (batch, kv_heads, lk, D))
+    return [(torch.randn(s, generator=g) * 1.5).to(dtype) for s in shapes]
+
+
+def expected(bias, q, k, v, *, causal, q_offset=0, keep=None, grad=False):
+    slopes = bias._slopes if isinstance(bias, relpos.ALiBi) else None  # the oracle's default: the paper's slopes
+    dense = None if bias is None else bias_oracle(bias, q.shape[2], k.shape[2], q_offset, slopes=slopes, grad=grad)
+    return attend(q, k, v, dense, causal=causal, keep=keep, q_offset=q_offset)
+
+
+def run(bias, q, k, v, **kwargs):
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    module = None if bias is None else bias.to(DEVICE)
+    out = relpos.attention(to(q), to(k), to(v), bias=module, key_mask=to(kwargs.pop("key_mask", None)), backend="triton", **kwargs)
+    return out
+
+
+@pytest.mark.parametrize("name,causal", [(n, c) for n in sorted(BIASES) for c in (False, True) if c or n not in CAUSAL_ONLY])
+def test_every_bias_family_forward_and_gradients(name, causal):
+    """Output and the gradients of q, k, v and every parameter of the bias against fp64 autograd."""
+    bias = BIASES[name]()
+    q, k, v = qkv(2, 45, 45)
+    keep = torch.ones(2, 45, dtype=torch.bool)
+    keep[1, 33:] = False  # one example padded, its length no multiple of 16
+    weights = torch.randn(2, H, 45, D, generator=torch.Generator().manual_seed(1))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = expected(bias, *exact, causal=causal, keep=keep, grad=True)
+    (want * weights.double()).sum().backward()
+    params = [] if bias is None else [p for p in bias.parameters() if p.requires_grad]
+    want_grads = [t.grad for t in exact] + [p.grad.double() for p in params]
+    if bias is not None:
+        assert_bias_matters(want, expected(None, *exact, causal=causal, keep=keep), 1e-4)
+        bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=None if bias is None else bias.to(DEVICE), causal=causal,
+                           key_mask=keep.to(DEVICE), backend="triton")
+    (out * weights.to(DEVICE)).sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    got = [t.grad for t in leaves] + [p.grad for p in params]
+    for a, b in zip(got, want_grads):
+        assert a is not None
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["decode_row", "decode_rows", "cross", "cross_causal_offset", "longer_queries"])
+def test_query_and_key_lengths_differ(case):
+    lq, lk, causal, q_offset = {
+        "decode_row": (1, 50, True, 49),
+        "decode_rows": (3, 50, True, 47),
+        "cross": (17, 50, False, 0),
+        "cross_causal_offset": (20, 50, True, 30),
+        "longer_queries": (50, 19, False, 0),
+    }[case]
+    bias = BIASES["t5"]()
+    q, k, v = qkv(2, lq, lk)
+    with torch.no_grad():
+        out = run(bias, q, k, v, causal=causal, q_offset=q_offset)
+    torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, q_offset=q_offset),
+                               atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["batch_of_one", "all_padding_example", "left", "one_real_token", "alike"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_layouts(layout, causal):
+    batch = 1 if layout == "batch_of_one" else 3
+    keep = torch.ones(batch, 40, dtype=torch.bool)
+    if layout == "batch_of_one":
+        keep[0, 24:] = False
+    elif layout == "all_padding_example":
+        keep[1] = False
+        keep[2, 31:] = False
+    elif layout == "left":
+        keep[1, :7] = False
+        keep[2, :20] = False
+    elif layout == "one_real_token":
+        keep[1] = False
+        keep[1, 5] = True
+    else:
+        keep[:, 29:] = False  # every example padded alike
+    bias = BIASES["t5"]()
+    q, k, v = qkv(batch, 40, 40)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal, key_mask=keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    want = expected(bias, q, k, v, causal=causal, keep=keep)
+    torch.testing.assert_close(out.detach().cpu().double(), want, atol=2e-5, rtol=1e-5)
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+    dead = ~keep.any(-1)  # examples with no real key: output 0 and no gradient
+    assert (out.detach().cpu()[dead] == 0).all() and (leaves[0].grad.cpu()[dead] == 0).all()
+
+
+def test_grouped_key_value_heads():
+    bias = BIASES["kerple"]()
+    q, k, v = qkv(2, 33, 33, kv_heads=2)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = expected(bias, *exact, causal=True)
+    want.sum().backward()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=True, backend="triton")
+    out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip(leaves, exact):
+        torch.testing.assert_close(a.grad.cpu().double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_head_dims_that_are_not_powers_of_two_and_an_explicit_scale():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, H, 30, 24, generator=g), torch.randn(2, H, 30, 24, generator=g)
+    v = torch.randn(2, H, 30, 40, generator=g)  # dv differs from d
+    bias = BIASES["clipped"]()
+    with torch.no_grad():
+        out = run(bias, q, k, v, scale=1.0)
+    want = attend(q, k, v, bias_oracle(bias, 30, 30), scale=1.0)
+    torch.testing.assert_close(out.cpu().double(), want, atol=2e-5, rtol=1e-5)
+
+
+BF16_ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cpu", reason=(
+    "Triton's interpreter multiplies bf16 tiles wrongly (tl.dot of two bf16 16x16 tiles is off by 1e10 under "
+    "triton 3.9's interpreter); the GPU runs this case"))]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=BF16_ON_GPU), torch.float16])
+def test_low_precision_within_the_dtype_error_of_sdpa(dtype):
+    """In bf16/fp16 the kernel errs no more than twice what the eager reference errs on the same inputs."""
+    bias = BIASES["t5"]()
+    q, k, v = qkv(2, 40, 40, dtype=dtype)
+    want = expected(bias, q, k, v, causal=True)
+    with torch.no_grad():
+        ours = run(bias, q, k, v, causal=True)
+        eager = relpos.attention(q, k, v, bias=bias.cpu(), causal=True, backend="eager")
+    assert ours.dtype == dtype
+    our_error = float((ours.cpu().double() - want).abs().max())
+    eager_error = float((eager.double() - want).abs().max())
+    assert our_error <= 2 * eager_error + 1e-3, (our_error, eager_error)
+
+
+def test_flat_tiles_add_one_scalar_and_train_the_far_bucket():
+    """T5 with max_distance 4 at L = 64: most tiles lie beyond the last bucket; the far buckets'
+    gradient (which those tiles send to one entry) equals the fp64 one."""
+    bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=4))
+    offsets = bias.offsets(64, 64)
+    assert offsets.flat == (-4, 4) and offsets.flat_indices() == (59, 67)
+    q, k, v = qkv(1, 64, 64)
+    table = bias.relative_attention_bias.weight
+    exact = [t.double() for t in (q, k, v)]
+    expected(bias, *exact, causal=False, grad=True).sum().backward()
+    want = table.grad.clone()
+    bias.zero_grad()
+    run(bias, q, k, v).sum().backward()
+    torch.testing.assert_close(table.grad.cpu().double(), want.double(), atol=1e-4, rtol=1e-4)
+    assert want[[3, 7]].abs().min() > 1e-2  # the two far buckets carry real gradient
+
+
+def test_deterministic_bias_gradient_repeats_bit_for_bit():
+    bias = BIASES["kerple"]()
+    q, k, v = qkv(2, 40, 40)
+    grads = []
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            bias.zero_grad()
+            run(bias, q, k, v, causal=True).sum().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in bias.parameters()]).cpu())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    bias.zero_grad()
+    run(bias, q, k, v, causal=True).sum().backward()
+    atomic = torch.cat([p.grad.flatten() for p in bias.parameters()]).cpu()
+    assert torch.equal(grads[0], grads[1])
+    torch.testing.assert_close(grads[0], atomic, atol=1e-5, rtol=1e-5)
+
+
+def test_closed_forms_are_used_for_alibi_and_offsets_for_a_trained_table():
+    from relpos.backends.dispatch import _prepare, _triton_spec
+
+    q, k, v = qkv(1, 20, 20)
+    alibi = _triton_spec(_prepare(q, k, v, relpos.ALiBi(H), True, None, None, 0.0, None, 0))
+    t5 = _triton_spec(_prepare(q, k, v, BIASES["t5"](), False, None, None, 0.0, None, 0))
+    assert alibi.bias_kind == _triton.BIAS_CAUSAL_LINEAR and alibi.flat is None
+    assert t5.bias_kind == _triton.BIAS_OFFSETS and t5.flat == (11, 27)
+
+
+def test_refusals_name_the_fix():
+    q, k, v = qkv(1, 20, 20)
+    with pytest.raises(ValueError, match="draws no dropout mask"):
+        relpos.attention(q, k, v, bias=BIASES["t5"](), dropout_p=0.1, backend="triton")
+    with pytest.raises(ValueError, match="takes float16, bfloat16 or float32"):
+        relpos.attention(*(t.double() for t in (q, k, v)), backend="triton")
+
+
+def test_auto_never_picks_the_interpreter_on_cpu():
+    q, k, v = qkv(2, 600, 600)
+    choice = relpos.select_backend(q, k, v, bias=BIASES["t5"]())
+    assert choice.backend != "triton" and "CUDA kernel" in choice.rejected["triton"]
