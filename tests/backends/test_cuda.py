@@ -68,7 +68,7 @@ def reference(bias, q, k, v, *, causal, q_offset, keep):
                   scale=DIM**-0.5)
 
 
-@pytest.mark.parametrize("backend", ["auto", "sdpa", "flex", "eager"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "flex", "eager", "triton"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("name", sorted(BIASES))
 def test_fp32_on_cuda_equals_the_fp64_oracle(name, shape, backend):
@@ -115,10 +115,10 @@ def test_low_precision_within_twice_sdpa_own_error(shape, dtype):
     assert our_error <= 2 * their_error + 1e-3, (our_error, their_error)
 
 
-@pytest.mark.parametrize("backend", ["auto", "flex", "sdpa"])
+@pytest.mark.parametrize("backend", ["auto", "flex", "sdpa", "triton"])
 @pytest.mark.parametrize("shape", ["small_causal_padded", "tiles_causal_padded", "tiles_padded"])
 def test_gradients_into_qkv_and_the_table_on_cuda(shape, backend):
-    """Training a learnable T5 table on CUDA (auto takes flex): every gradient equals the fp64 oracle's."""
+    """Training a learnable T5 table on CUDA (auto takes triton): every gradient equals the fp64 oracle's."""
     batch, lq, lk, causal, q_offset, padded = SHAPES[shape]
     bias = strong_t5()
     q, k, v = inputs(batch, lq, lk)
@@ -160,8 +160,7 @@ def _peak_mib(fn) -> float:
 def test_no_dense_scores_on_cuda(mode, dtype):
     """B=1, H=8, L=8192: one (B, H, L, L) tensor is 1024 MiB in bf16; relpos's peak stays under 1/8 of that.
 
-    ``forward``: a frozen bias (bf16 takes SDPA with the view in bf16, fp32 takes flex); ``train``: a learnable
-    table (flex)."""
+    ``forward``: a frozen bias; ``train``: a learnable table (auto takes the Triton kernel for both)."""
     batch, heads, length = 1, 8, 8192
     dense_mib = batch * heads * length * length * 2 / 2**20
     bias = relpos.RelativePositionalBias(heads, bidirectional=not mode.endswith("causal")).to(CUDA)
@@ -196,10 +195,10 @@ def test_dropout_on_cuda_averages_to_the_undropped_output():
 
 
 @pytest.mark.parametrize("dtype,grad,dim,expected", [
-    (torch.bfloat16, False, 64, "sdpa"),  # cuDNN reads the view in bf16: no copy
-    (torch.float32, False, 64, "flex"),  # fp32: SDPA's efficient kernel would copy the bias
-    (torch.bfloat16, True, 64, "flex"),  # a learnable table
-    (torch.bfloat16, True, 8, "sdpa"),  # flex needs d >= 16 on GPU
+    (torch.bfloat16, False, 64, "triton"),  # the position term inside each tile (docs/bench-gpu-kernel.md)
+    (torch.float32, False, 64, "triton"),
+    (torch.bfloat16, True, 64, "triton"),  # a learnable table
+    (torch.bfloat16, True, 8, "triton"),  # the kernel pads head dims below 16 (flex cannot)
 ])
 def test_auto_on_cuda_says_what_it_picks(dtype, grad, dim, expected):
     bias = strong_t5().to(CUDA).requires_grad_(grad)
