@@ -188,21 +188,34 @@ def test_low_precision_within_the_dtype_error_of_sdpa(dtype):
     assert our_error <= 2 * eager_error + 1e-3, (our_error, eager_error)
 
 
-def test_flat_tiles_add_one_scalar_and_train_the_far_bucket():
-    """T5 with max_distance 4 at L = 64: most tiles lie beyond the last bucket; the far buckets'
-    gradient (which those tiles send to one entry) equals the fp64 one."""
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
+def test_flat_tiles_add_one_scalar_and_train_the_far_bucket(causal, padded):
+    """T5 with max_distance 4 at L = 80: most tiles lie beyond the last bucket on one side or the other
+    (the forward, dq and dk/dv loops each split their blocks into flat, gathered and masked runs); every
+    output and gradient, the far buckets' included (those tiles send theirs to one entry), equals fp64."""
     bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=4))
-    offsets = bias.offsets(64, 64)
-    assert offsets.flat == (-4, 4) and offsets.flat_indices() == (59, 67)
-    q, k, v = qkv(1, 64, 64)
+    offsets = bias.offsets(80, 80)
+    assert offsets.flat == (-4, 4) and offsets.flat_indices() == (75, 83)
+    q, k, v = qkv(2, 80, 80, seed=4)
+    keep = None
+    if padded:
+        keep = torch.ones(2, 80, dtype=torch.bool)
+        keep[0, 70:] = False
+        keep[1, :21] = False
     table = bias.relative_attention_bias.weight
-    exact = [t.double() for t in (q, k, v)]
-    expected(bias, *exact, causal=False, grad=True).sum().backward()
-    want = table.grad.clone()
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
+    want_out.square().sum().backward()
+    want = [t.grad for t in exact] + [table.grad.clone().double()]
     bias.zero_grad()
-    run(bias, q, k, v).sum().backward()
-    torch.testing.assert_close(table.grad.cpu().double(), want.double(), atol=1e-4, rtol=1e-4)
-    assert want[[3, 7]].abs().min() > 1e-2  # the two far buckets carry real gradient
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal,
+                           key_mask=None if keep is None else keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip([t.grad for t in leaves] + [table.grad], want):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    assert want[3][3].abs().max() > 1e-2  # the far-past bucket carries real gradient
 
 
 def test_deterministic_bias_gradient_repeats_bit_for_bit():

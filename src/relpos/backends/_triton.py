@@ -43,30 +43,32 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 
 
 # --------------------------------------------------------------------------------------------- tiles
+# Kinds of tile: how the position term of a tile is computed (scores are kept in log2 units).
+# NONE: no term; SCALAR: one value for the whole tile (a flat range); GATHER: per-offset values;
+# COLUMN: causal ALiBi under causal attention, m * j alone (the row's -m * i cancels in its softmax);
+# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|.
+NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
+PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
+
+
 @triton.jit
-def _bias_tile(
-    VALS, slope, rows, cols, m0, n0, Lq, q_offset, n_vals, t_lo, t_hi, v_lo, v_hi,
-    BIAS: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-):
-    """The tile's position term in natural units; ``rows`` / ``cols`` broadcast to its shape."""
-    if BIAS == 1:
-        t = cols - rows + (Lq - 1)  # index into values: offset j - i shifted to start at 0
-        if FLAT:
-            t_min = n0 - (m0 + BM - 1) + Lq - 1
-            t_max = n0 + BN - 1 - m0 + Lq - 1
-            if t_max <= t_lo:
-                b = tl.zeros(t.shape, tl.float32) + v_lo
-            elif t_min >= t_hi:
-                b = tl.zeros(t.shape, tl.float32) + v_hi
-            else:
-                b = tl.load(VALS + t, mask=(t >= 0) & (t < n_vals), other=0.0)
-        else:
-            b = tl.load(VALS + t, mask=(t >= 0) & (t < n_vals), other=0.0)
-    elif BIAS == 2:
-        b = slope * tl.minimum(cols - rows - q_offset, 0).to(tl.float32)
+def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr):
+    """Scores in log2 units: ``q.k * scale * log2(e)`` plus the position term (already times log2(e)).
+
+    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values."""
+    if KIND == 0:
+        s = qk * qk_scale
+    elif KIND == 1:
+        s = qk * qk_scale + c
+    elif KIND == 2:
+        s = qk * qk_scale + tl.load(vals + (cols - rows))
+    elif KIND == 3:
+        s = qk * qk_scale + slope * cols.to(tl.float32)
+    elif KIND == 4:
+        s = qk * qk_scale + slope * tl.minimum(cols - rows - q_offset, 0).to(tl.float32)
     else:
-        b = -slope * tl.abs(cols - rows - q_offset).to(tl.float32)
-    return b
+        s = qk * qk_scale - slope * tl.abs(cols - rows - q_offset).to(tl.float32)
+    return s
 
 
 @triton.jit
@@ -76,6 +78,19 @@ def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
     if CAUSAL:
         keep = keep & (cols <= rows + q_offset)
     return keep
+
+
+@triton.jit
+def _load_block(base, offs, stride, offs_d, limit, D: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
+    """(rows, D_PAD) block; bounds are checked only where a block can cross them."""
+    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+    if MASK:
+        x = tl.load(ptrs, mask=(offs[:, None] < limit) & (offs_d[None, :] < D), other=0.0)
+    elif D == D_PAD:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+    return x
 
 
 @triton.jit
@@ -89,31 +104,38 @@ def _key_range(STARTS, ENDS, b, Lk, RANGES: tl.constexpr):
 
 
 @triton.jit
-def _flat_values(VALS, t_lo, t_hi, n_vals, FLAT: tl.constexpr):
-    v_lo = 0.0
-    v_hi = 0.0
+def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FLAT: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr):
+    """Key blocks of query block m0: [lo, e1) flat low, [e1, e2) gathered, [e2, full) flat high, all
+    unmasked; [full, hi) masked (the causal diagonal, a padding edge, the last partial block)."""
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + m0 + BM)  # no row of the block sees a key past its last row
+        full = tl.minimum(hi, q_offset + m0 + 1)  # keys every row of the block sees
+    else:
+        full = hi
+    full = tl.maximum(lo, lo + ((full - lo) // BN) * BN)
+    e1 = lo
+    e2 = full
     if FLAT:
-        v_lo = tl.load(VALS + tl.maximum(t_lo, 0)).to(tl.float32)
-        v_hi = tl.load(VALS + tl.minimum(t_hi, n_vals - 1)).to(tl.float32)
-    return v_lo, v_hi
+        a = t_lo - BN + 1 + m0 - Lq + 1  # the last n0 whose tile lies wholly at offsets <= the low range
+        e1 = tl.minimum(full, lo + tl.where(a >= lo, (a - lo) // BN + 1, 0) * BN)
+        z = t_hi + m0 + BM - Lq  # the first n0 whose tile lies wholly at offsets >= the high range
+        e2 = tl.maximum(e1, tl.minimum(full, lo + tl.where(z > lo, (z - lo + BN - 1) // BN, 0) * BN))
+    return hi, e1, e2, full
 
 
 # ------------------------------------------------------------------------------------------- forward
 @triton.jit
 def _fwd_step(
-    acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
-    stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
-    D: tl.constexpr, DV: tl.constexpr, BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr,
-    MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, n0, lo, hi,
+    stride_kn, stride_vn, q_offset, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_n = n0 + tl.arange(0, BN)
-    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=(offs_n[:, None] < hi) & (offs_d[None, :] < D), other=0.0)  # (BN, D)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BM, BN), log2 units
-    if BIAS != 0:
-        bias = _bias_tile(VALS, slope, offs_m[:, None], offs_n[None, :], m0, n0, Lq, q_offset, n_vals,
-                          t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
-        s += bias * 1.4426950408889634
+    k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
+    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
     if MASK:
         s = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))  # (BM,)
@@ -121,23 +143,19 @@ def _fwd_step(
     p = tl.math.exp2(s - m_use[:, None])  # (BM, BN)
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                mask=(offs_n[:, None] < hi) & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
+    v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BM, DV)
     return acc, m_new, l_i
 
 
-_RUNTIME_INTS = ["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi"]  # no recompiles as they change
-
-
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi"])
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, stride_vals,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, n_vals, t_lo, t_hi,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -145,33 +163,38 @@ def _fwd_kernel(
     m0 = pid_m * BM
     offs_m = m0 + tl.arange(0, BM)
     offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D), other=0.0)  # (BM, D)
-    K += b * stride_kb + (h // GROUP) * stride_kh
-    V += b * stride_vb + (h // GROUP) * stride_vh
-    VALS += h * stride_vals
+    q = _load_block(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, offs_d, Lq, D, D_PAD, True)  # (BM, D)
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    vals = VALS + h * stride_vals + (Lq - 1)  # offset 0 of this head's values
     slope = 0.0
-    if BIAS >= 2:
+    if MAIN >= 3:
         slope = tl.load(SLOPES + h)
-    v_lo, v_hi = _flat_values(VALS, t_lo, t_hi, n_vals, FLAT)
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
-    if CAUSAL:
-        hi = tl.minimum(hi, q_offset + m0 + BM)  # no row of the block sees a key past its last row
-        full = tl.minimum(hi, q_offset + m0 + 1)  # keys every row of the block sees
-    else:
-        full = hi
-    full = tl.maximum(lo, lo + ((full - lo) // BN) * BN)  # whole key blocks needing no mask
+    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV_PAD], tl.float32)
-    for n0 in range(lo, full, BN):
-        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
-                                  stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
-                                  D, DV, BIAS, FLAT, CAUSAL, False, BM, BN, PRECISION)
+    if FLAT:
+        c_lo = tl.load(vals + t_lo - (Lq - 1))
+        for n0 in range(lo, e1, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BN, PRECISION)
+    for n0 in range(e1, e2, BN):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, BN, PRECISION)
+    if FLAT:
+        c_hi = tl.load(vals + t_hi - (Lq - 1))
+        for n0 in range(e2, full, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BN, PRECISION)
     for n0 in range(full, hi, BN):
-        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, K, V, VALS, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi,
-                                  stride_kn, stride_vn, Lq, q_offset, qk_scale, n_vals, t_lo, t_hi, v_lo, v_hi,
-                                  D, DV, BIAS, FLAT, CAUSAL, True, BM, BN, PRECISION)
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BN, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))  # base 2
@@ -188,71 +211,116 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
     b, h = pid_bh // H, pid_bh % H
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_dv = tl.arange(0, DV_PAD)
-    mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < DV)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_dv[None, :], mask=mask, other=0.0)
+    o = _load_block(O + b * stride_ob + h * stride_oh, offs_m, stride_om, offs_dv, Lq, DV, DV_PAD, True)
+    do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
     tl.store(DELTA + pid_bh * Lq + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < Lq)
 
 
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
+@triton.jit
+def _dkdv_step(
+    dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, lo, hi, Lq,
+    stride_qm, stride_dm, q_offset, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    offs_m = m0 + tl.arange(0, BM)
+    q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
+    do = _load_block(do_base, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, MASK)  # (BM, DV)
+    if MASK:
+        lse = tl.load(lse_row + offs_m, mask=offs_m < Lq, other=float("inf"))  # (BM,)
+        delta = tl.load(delta_row + offs_m, mask=offs_m < Lq, other=0.0)
+    else:
+        lse = tl.load(lse_row + offs_m)
+        delta = tl.load(delta_row + offs_m)
+    st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
+    st = _logits(st, offs_m[None, :], offs_n[:, None], vals, c, slope, qk_scale, q_offset, KIND)
+    pt = tl.math.exp2(st - lse[None, :])  # (BN, BM)
+    if MASK:
+        pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
+    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+    dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
+    dst = pt * (dpt - delta[None, :])
+    dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi"])
 def _dkdv_kernel(
     Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals,
-    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi,
+    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dk, dv of one key block of one key/value head: every query head of its group, every query block."""
+    """dk, dv of one key block of one key/value head: every query head of its group, every query block.
+
+    Query blocks [m_start, u0) are masked (the causal diagonal; all of them when the key block crosses a
+    padding edge), [u0, f1) flat high, [f1, f2) gathered, [f2, u1) flat low, [u1, m_end) masked (the last
+    partial block)."""
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = pid_bh // HKV, pid_bh % HKV
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
     offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
-    kv_mask = offs_n[:, None] < Lk
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=kv_mask & (offs_d[None, :] < D), other=0.0)  # (BN, D)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                mask=kv_mask & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
+    k = _load_block(K + b * stride_kb + hk * stride_kh, offs_n, stride_kn, offs_d, Lk, D, D_PAD, True)  # (BN, D)
+    v = _load_block(V + b * stride_vb + hk * stride_vh, offs_n, stride_vn, offs_dv, Lk, DV, DV_PAD, True)
     dk = tl.zeros([BN, D_PAD], tl.float32)
     dv = tl.zeros([BN, DV_PAD], tl.float32)
     m_start = 0
     if CAUSAL:
         m_start = (tl.maximum(n0 - q_offset, 0) // BM) * BM  # earlier queries see none of these keys
-    m_end = Lq
-    if (n0 >= hi) | (n0 + BN <= lo):
-        m_end = 0  # padding: no query sees these keys
+    m_end = tl.where((n0 >= hi) | (n0 + BN <= lo), m_start, Lq)  # keys that are all padding: no query
+    u1 = m_start + ((m_end - m_start) // BM) * BM  # whole query blocks
+    u0 = m_start
+    if CAUSAL:
+        need = n0 + BN - 1 - q_offset  # the first row that sees every key of the block
+        u0 = m_start + tl.where(need > m_start, (need - m_start + BM - 1) // BM, 0) * BM
+    u0 = tl.where((n0 < lo) | (n0 + BN > hi), u1, tl.minimum(u0, u1))  # a padding edge: every block masked
+    f1 = u0
+    f2 = u1
+    if FLAT:
+        dm = n0 - BM + Lq - t_hi  # the last m0 whose tile lies wholly at offsets >= the high range
+        f1 = tl.minimum(u1, u0 + tl.where(dm >= u0, (dm - u0) // BM + 1, 0) * BM)
+        cm = n0 + BN + Lq - 2 - t_lo  # the first m0 whose tile lies wholly at offsets <= the low range
+        f2 = tl.maximum(f1, tl.minimum(u1, u0 + tl.where(cm > u0, (cm - u0 + BM - 1) // BM, 0) * BM))
     for g in range(GROUP):
         h = hk * GROUP + g
         slope = 0.0
-        if BIAS >= 2:
+        if MAIN >= 3:
             slope = tl.load(SLOPES + h)
-        vals = VALS + h * stride_vals
-        v_lo, v_hi = _flat_values(vals, t_lo, t_hi, n_vals, FLAT)
-        qh = Q + b * stride_qb + h * stride_qh
-        doh = DO + b * stride_db + h * stride_dh
-        for m0 in range(m_start, m_end, BM):
-            offs_m = m0 + tl.arange(0, BM)
-            row_ok = offs_m < Lq
-            q = tl.load(qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BM, D)
-            do = tl.load(doh + offs_m[:, None] * stride_dm + offs_dv[None, :],
-                         mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (BM, DV)
-            lse = tl.load(LSE + (b * H + h) * Lq + offs_m, mask=row_ok, other=float("inf"))  # (BM,)
-            delta = tl.load(DELTA + (b * H + h) * Lq + offs_m, mask=row_ok, other=0.0)
-            st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BN, BM), log2 units
-            if BIAS != 0:
-                bias = _bias_tile(vals, slope, offs_m[None, :], offs_n[:, None], m0, n0, Lq, q_offset, n_vals,
-                                  t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
-                st += bias * 1.4426950408889634
-            keep = _visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL)
-            pt = tl.where(keep, tl.math.exp2(st - lse[None, :]), 0.0)  # (BN, BM)
-            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
-            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
-            dst = pt * (dpt - delta[None, :])
-            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
+        vals = VALS + h * stride_vals + (Lq - 1)
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_db + h * stride_dh
+        lse_row = LSE + (b * H + h) * Lq
+        delta_row = DELTA + (b * H + h) * Lq
+        for m0 in range(m_start, u0, BM):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
+                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BM, PRECISION)
+        if FLAT:
+            c_hi = tl.load(vals + t_hi - (Lq - 1))
+            for m0 in range(u0, f1, BM):
+                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
+                                    offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BM, PRECISION)
+        for m0 in range(f1, f2, BM):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
+                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, BM, PRECISION)
+        if FLAT:
+            c_lo = tl.load(vals + t_lo - (Lq - 1))
+            for m0 in range(f2, u1, BM):
+                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
+                                    offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BM, PRECISION)
+        for m0 in range(u1, m_end, BM):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
+                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BM, PRECISION)
+    kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
     tl.store(DV_OUT + pid_bh * Lk * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
@@ -270,14 +338,47 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
     return tl.sum(tl.where(on, skewed, 0.0), 1)
 
 
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
+@triton.jit
+def _dq_step(
+    dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi, Lq, n_vals,
+    stride_kn, stride_vn, q_offset, qk_scale,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DIAGONALS: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dq += dS k for one key block; returns the tile's dS sum too (the gradient of a flat tile's one value)."""
+    offs_n = n0 + tl.arange(0, BN)
+    k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
+    v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
+    s = _logits(s, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    p = tl.math.exp2(s - lse[:, None])
+    if MASK:
+        p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
+    ds = p * (dp - delta[:, None])  # the score gradient, natural units
+    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+    total = tl.sum(tl.zeros([BM], tl.float32), 0)
+    if KIND == 1:
+        total = tl.sum(tl.sum(ds, 1), 0)
+    if DIAGONALS:
+        u = tl.arange(0, BT)
+        target = n0 - (m0 + BM - 1) + Lq - 1 + u  # values index of each diagonal of the tile
+        ok = (u < BM + BN - 1) & (target >= 0) & (target < n_vals)
+        tl.atomic_add(dvals + target, _diagonal_sums(ds, BM, BN, BT), mask=ok)
+        if DETERMINISTIC:  # this program's own slot: its tiles add in loop order
+            tl.debug_barrier()
+    return dq, total
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi"])
 def _dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot,
     H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BIAS: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
     BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -287,60 +388,48 @@ def _dq_kernel(
     m0 = pid_m * BM
     offs_m = m0 + tl.arange(0, BM)
     offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
-    row_ok = offs_m < Lq
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BM, D)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dm + offs_dv[None, :],
-                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (BM, DV)
-    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=row_ok, other=0.0)
-    K += b * stride_kb + (h // GROUP) * stride_kh
-    V += b * stride_vb + (h // GROUP) * stride_vh
-    vals = VALS + h * stride_vals
+    q = _load_block(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, offs_d, Lq, D, D_PAD, True)  # (BM, D)
+    do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
+    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
     slope = 0.0
-    if BIAS >= 2:
+    if MAIN >= 3:
         slope = tl.load(SLOPES + h)
-    v_lo, v_hi = _flat_values(vals, t_lo, t_hi, n_vals, FLAT)
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
-    if CAUSAL:
-        hi = tl.minimum(hi, q_offset + m0 + BM)
+    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     dq = tl.zeros([BM, D_PAD], tl.float32)
-    lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)  # the flat tiles' gradient, one entry each side
-    hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
-    u = tl.arange(0, BT)
-    for n0 in range(lo, hi, BN):
-        offs_n = n0 + tl.arange(0, BN)
-        k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :],
-                    mask=(offs_n[:, None] < hi) & (offs_d[None, :] < D), other=0.0)  # (BN, D)
-        v = tl.load(V + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                    mask=(offs_n[:, None] < hi) & (offs_dv[None, :] < DV), other=0.0)  # (BN, DV)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BM, BN)
-        if BIAS != 0:
-            bias = _bias_tile(vals, slope, offs_m[:, None], offs_n[None, :], m0, n0, Lq, q_offset, n_vals,
-                              t_lo, t_hi, v_lo, v_hi, BIAS, FLAT, BM, BN)
-            s += bias * 1.4426950408889634
-        keep = _visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL)
-        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
-        ds = p * (dp - delta[:, None])  # the score gradient, natural units
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
-        if BIAS_GRAD:
-            t0 = n0 - (m0 + BM - 1) + Lq - 1  # values index of the tile's first diagonal
-            if n0 + BN - 1 - m0 + Lq - 1 <= t_lo:  # the tile lies wholly in a flat range (never without one:
-                lo_sum += tl.sum(tl.sum(ds, 1), 0)  # then t_lo = -1 and t_hi = n_vals)
-            elif t0 >= t_hi:
-                hi_sum += tl.sum(tl.sum(ds, 1), 0)
-            else:
-                diag = _diagonal_sums(ds, BM, BN, BT)
-                target = t0 + u
-                ok = (u < BM + BN - 1) & (target >= 0) & (target < n_vals)
-                tl.atomic_add(dvals + target, diag, mask=ok)
-                if DETERMINISTIC:  # this program's own slot: its tiles add in loop order
-                    tl.debug_barrier()
+    diagonals = BIAS_GRAD and MAIN == 2
+    if FLAT:
+        c_lo = tl.load(vals + t_lo - (Lq - 1))
+        lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+        for n0 in range(lo, e1, BN):
+            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
+                                n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+            lo_sum += part
+    for n0 in range(e1, e2, BN):
+        dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
+                            n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+    if FLAT:
+        c_hi = tl.load(vals + t_hi - (Lq - 1))
+        hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+        for n0 in range(e2, full, BN):
+            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, slope, offs_m, offs_d, offs_dv,
+                                n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+            hi_sum += part
+    for n0 in range(full, hi, BN):
+        dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
+                            n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
     tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
-    if BIAS_GRAD and FLAT:
+             (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
+    if BIAS_GRAD and FLAT:  # the flat tiles' whole gradient lands on the range's one entry
         tl.atomic_add(dvals + tl.maximum(t_lo, 0), lo_sum)
         if DETERMINISTIC:
             tl.debug_barrier()
@@ -391,44 +480,56 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _main_kind(spec: TritonSpec) -> int:
+    """The tile kind of every tile outside a flat range."""
+    if spec.bias_kind == BIAS_OFFSETS:
+        return GATHER
+    if spec.bias_kind == BIAS_CAUSAL_LINEAR:
+        return COLUMN if spec.causal else CAUSAL_LINEAR
+    return SYMMETRIC if spec.bias_kind == BIAS_SYMMETRIC_LINEAR else NONE
+
+
+def _padded_values(values: torch.Tensor) -> torch.Tensor:
+    """(Hb, PAD + n + PAD) fp32 values times log2(e): tiles read past either end without a bounds mask."""
+    return torch.nn.functional.pad(values.float() * LOG2E, (PAD, PAD))
+
+
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, values, slopes, starts, ends, spec: TritonSpec):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
         batch, heads, query_length, dim = q.shape
         key_length, dim_v = k.shape[2], v.shape[3]
-        vals = values.float().contiguous()  # (Hb, n)
-        blocks = _blocks(dim, q.device)
-        bm, bn, warps, stages = blocks.fwd
+        padded = _padded_values(values)  # (Hb, n + 2 PAD)
+        bm, bn, warps, stages = _blocks(dim, q.device).fwd
         out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
         lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
-        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, vals.shape[1])
-        grid = (triton.cdiv(query_length, bm), batch * heads)
-        _fwd_kernel[grid](
-            q, k, v, out, lse, vals, slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], vals.stride(0) if vals.shape[0] > 1 else 0,
-            heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, vals.shape[1], t_lo, t_hi,
-            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), BIAS=spec.bias_kind, FLAT=spec.flat is not None,
+        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, values.shape[1])
+        _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+            q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
+            heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
+            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
             CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
             num_warps=warps, num_stages=stages,
         )
-        ctx.save_for_backward(q, k, v, out, lse, vals, slopes, starts, ends)
+        ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends)
         ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, vals, slopes, starts, ends = ctx.saved_tensors
+        q, k, v, out, lse, padded, slopes, starts, ends = ctx.saved_tensors
         spec = ctx.spec
         grad_out = _last_dim_contiguous(grad_out)  # (B, H, Lq, dv)
         batch, heads, query_length, dim = q.shape
         kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
+        n_vals = padded.shape[1] - 2 * PAD
         blocks = _blocks(dim, q.device)
-        common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), BIAS=spec.bias_kind,
+        common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
                       FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q))
-        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, vals.shape[1])
-        stride_vals = vals.stride(0) if vals.shape[0] > 1 else 0
-        scalars = (spec.q_offset, spec.scale * LOG2E, spec.scale, vals.shape[1], t_lo, t_hi)
+        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
+        vals = padded[:, PAD:]
 
         delta = torch.empty_like(lse)  # (B, H, Lq)
         _delta_kernel[(triton.cdiv(query_length, 64), batch * heads)](
@@ -440,26 +541,31 @@ class _TritonAttention(torch.autograd.Function):
         dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
         _dkdv_kernel[(triton.cdiv(key_length, bn), batch * kv_heads)](
             q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], stride_vals,
-            heads, kv_heads, heads // kv_heads, query_length, key_length, *scalars,
-            **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
+            heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
+            spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
         )
         bm, bn, warps, stages = blocks.dq
         bias_grad = ctx.values_grad and spec.bias_kind == BIAS_OFFSETS
         programs = triton.cdiv(query_length, bm) * batch * heads
         slots = programs if (bias_grad and spec.deterministic) else 1
-        dvals = torch.zeros(slots, *vals.shape, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
+        dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
         dq = torch.empty_like(q)
         _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
             q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], stride_vals,
-            dvals.stride(1) if vals.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0,
-            heads, heads // kv_heads, query_length, key_length, *scalars,
-            **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
+            dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0,
+            heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
+            n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
             BT=triton.next_power_of_2(bm + bn - 1), num_warps=warps, num_stages=stages,
         )
         grad_values = dvals.sum(0).to(ctx.values_dtype) if bias_grad else None  # (Hb, n)
         return dq, dk, dv, grad_values, None, None, None, None
+
+
+def _head_stride(padded: torch.Tensor) -> int:
+    """Per-head stride of the values; 0 for one row shared by every head."""
+    return padded.stride(0) if padded.shape[0] > 1 else 0
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -493,4 +599,5 @@ def triton_attention(
     if key_ranges is not None:
         starts = torch.tensor(key_ranges[0], device=device, dtype=torch.int32)  # (B,)
         ends = torch.tensor(key_ranges[1], device=device, dtype=torch.int32)
-    return _TritonAttention.apply(query, key, value, values, slopes.float().contiguous(), starts, ends, spec)
+    slopes = (slopes.float() * LOG2E).contiguous()  # (H,) in log2 units, as the scores
+    return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, spec)
