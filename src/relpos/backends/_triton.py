@@ -573,6 +573,16 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused(device: torch.device) -> torch.Tensor:
+    """A (1,) fp32 zero on ``device`` for kernel arguments a call never reads (allocated once per device)."""
+    if device not in _UNUSED:
+        _UNUSED[device] = torch.zeros(1, device=device, dtype=torch.float32)
+    return _UNUSED[device]
+
+
 def triton_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -590,11 +600,10 @@ def triton_attention(
     ``(starts, ends)``.
     """
     device = query.device
-    dummy = torch.zeros(1, device=device, dtype=torch.float32)
     if values is None or spec.bias_kind != BIAS_OFFSETS:
-        values = dummy[None]  # (1, 1): never read
+        values = _unused(device)[None]  # (1, 1): never read
     if slopes is None:
-        slopes = dummy
+        slopes = _unused(device)
     starts = ends = None
     if key_ranges is not None:
         starts = torch.tensor(key_ranges[0], device=device, dtype=torch.int32)  # (B,)
