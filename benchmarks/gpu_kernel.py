@@ -30,19 +30,42 @@ DTYPE = torch.bfloat16
 torch._dynamo.config.recompile_limit = 1024  # every flex variant compiles per shape and score_mod
 
 
+REPEAT = 1  # calls per timed sample (--repeat): more than one lets the CPU run ahead of the GPU, as in a model
+
+
 def timed(fn, *, train: bool) -> tuple[float, float]:
-    """(ms, peak MiB above the start) of one call; ``train`` runs backward on the output's sum."""
+    """(ms per call, peak MiB above the start); ``train`` runs backward on the output's sum."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    out = fn()
-    if train:
-        out.backward(torch.ones_like(out))
+    for _ in range(REPEAT):
+        out = fn()
+        if train:
+            out.backward(torch.ones_like(out))
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end), (torch.cuda.max_memory_allocated() - base) / 2**20
+    return start.elapsed_time(end) / REPEAT, (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def profile(fn, path: str, title: str, calls: int = 10) -> dict:
+    """torch.profiler over ``calls`` calls: the table sorted by CUDA time (appended to ``path``), and CPU and
+    CUDA time per call."""
+    from torch.profiler import ProfilerActivity
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    with open(path, "a") as fh:
+        fh.write(f"## {title}\n\n{events.table(sort_by='cuda_time_total', row_limit=25)}\n\n")
+    cuda_us = sum(e.self_device_time_total for e in events) / calls
+    cpu_us = sum(e.self_cpu_time_total for e in events) / calls
+    return {"cuda_us_per_call": cuda_us, "cpu_us_per_call": cpu_us}
 
 
 def measure(variants: dict, *, train: bool, rounds: int) -> dict:
@@ -353,6 +376,9 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="calls per timed sample (CPU runs ahead of the GPU)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler tables of the T5 and causal ALiBi "
+                        "forwards (triton, sdpa, the floor) at the first length: where a call's time goes")
     parser.add_argument("--cases", default="", help="comma-separated subset of the cases (default: all)")
     parser.add_argument("--flex-lengths", default="4096", help="lengths at which the FlexAttention variants run "
                         "(each compiles for 10-20 s per shape)")
@@ -383,6 +409,20 @@ def main(argv=None):
         print("route errors (max vs fp32 dense):", payload["route_errors"], flush=True)
     except Exception as error:  # noqa: BLE001
         print("route errors failed:", error, flush=True)
+    global REPEAT
+    REPEAT = args.repeat
+    if args.profile:
+        payload["profile"] = {}
+        with torch.no_grad():
+            built = cases(args.batch, args.heads, lengths[0], args.dim)
+            for case in ("t5_forward", "causal_alibi_forward"):
+                for name, fn in built[case][1]().items():
+                    if "flex" in name or "fold" in name:
+                        continue
+                    key = f"{case}/{name}"
+                    payload["profile"][key] = profile(fn, os.path.join(args.out, "profile.txt"), key)
+                    print("profile", key, payload["profile"][key], flush=True)
+        write_json(path, payload)
     wanted = set(filter(None, args.cases.split(",")))
     for length in lengths:
         for case, (train, build) in cases(args.batch, args.heads, length, args.dim).items():

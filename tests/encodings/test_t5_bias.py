@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import relpos
 from relpos import OffsetBias, RelativePositionalBias, t5_bucket
 
 from oracles import bias_oracle, offsets
@@ -215,3 +216,22 @@ def test_bad_lengths():
         bias(2, -3)
     with pytest.raises(ValueError, match="q_offset must be non-negative, got -1"):
         bias(2, 3, q_offset=-1)
+
+
+def test_offset_buckets_are_cached_per_shape_and_bounded():
+    """offsets() keeps the last few bucket vectors: equal values (and table gradients) on a hit, at most
+    BUCKET_CACHE shapes kept, and nothing of it in the state dict."""
+    from relpos.encodings import t5 as t5_module
+
+    bias = relpos.RelativePositionalBias(4, num_buckets=16, max_distance=32)
+    first = bias.offsets(40, 50, q_offset=3).values
+    again = bias.offsets(40, 50, q_offset=3)
+    assert torch.equal(first, again.values) and again.flat == (-32, 32)
+    expected = bias.relative_attention_bias(bias.bucket(relpos.relative_offsets(40, 50, q_offset=3))).T
+    assert torch.equal(again.values, expected)
+    again.values.sum().backward()
+    assert bias.relative_attention_bias.weight.grad.abs().sum() > 0
+    for length in range(1, 20):
+        bias.offsets(length, length)
+    assert len(bias._bucket_cache) == t5_module.BUCKET_CACHE
+    assert set(bias.state_dict()) == {"relative_attention_bias.weight"}

@@ -444,9 +444,13 @@ class _Blocks:
     dq: tuple[int, int, int, int]
 
 
-#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension; benchmarks/gpu_kernel.py --sweep measures them
+#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64: the fastest of
+#: ``benchmarks/gpu_kernel.py --sweep`` on an H100 (T5 bias, bf16, B=4, H=16, L=4096; docs/bench-gpu-kernel.md):
+#: forward 64 x 64 1.54 ms against 128 x 64 2.10 and 64 x 128 1.99 (128 x 128 with 8 warps did not fit);
+#: dk/dv 32 x 128 5.96 ms against 64 x 64 6.28; dq 64 x 64 5.31 ms against 64 x 32 5.73 (training steps).
+#: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here).
 GPU_BLOCKS: dict[int, _Blocks] = {
-    64: _Blocks((128, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),
+    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3)),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
     256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
 }

@@ -9,7 +9,6 @@ weights of any T5 checkpoint's bias load as they are and give exactly what
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Mapping
 
 import torch
@@ -17,9 +16,11 @@ from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
 from .bias import OffsetBias, RelativeBias
-from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
+from .buckets import BucketStrategy, check_bucket_config, relative_offsets, relative_position_bucket
 
 __all__ = ["RelativePositionalBias"]
+
+BUCKET_CACHE = 8  # (Lq, Lk, q_offset) bucket vectors kept per module: a model's few shapes, not a decode loop's
 
 
 class RelativePositionalBias(RelativeBias):
@@ -96,10 +97,32 @@ class RelativePositionalBias(RelativeBias):
 
     def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
         """Per-offset values; offsets at or beyond ``max_distance`` (and, in the causal form, every
-        future offset, which shares offset 0's bucket) are marked :attr:`OffsetBias.flat`."""
-        offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
+        future offset, which shares offset 0's bucket) are marked :attr:`OffsetBias.flat`.
+
+        The bucket of each offset depends only on the lengths, so the last few are kept
+        (:data:`BUCKET_CACHE` of them): a call then costs one table lookup, not the bucket function's
+        dozen elementwise kernels (each a launch on a GPU).
+        """
+        device = check_device("device", device)
+        buckets = self._offset_buckets(query_length, key_length, q_offset)  # (Lq + Lk - 1,)
+        values = self.relative_attention_bias(buckets).transpose(0, 1).contiguous()  # (H, n)
+        if device is not None:
+            values = values.to(device)
         far = self.max_distance if self.bidirectional else 0
-        return replace(offsets, flat=(-self.max_distance, far))
+        return OffsetBias(values, query_length, key_length, q_offset, flat=(-self.max_distance, far))
+
+    def _offset_buckets(self, query_length: int, key_length: int, q_offset: int) -> torch.Tensor:
+        table = self.relative_attention_bias.weight
+        rel = lambda: relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # noqa: E731
+        if torch.compiler.is_compiling():  # no Python-side state inside a compiled graph
+            return self.bucket(rel())
+        key = (query_length, key_length, q_offset, table.device)
+        cache = self.__dict__.setdefault("_bucket_cache", {})  # plain attribute: not state, not a buffer
+        if key not in cache:
+            if len(cache) >= BUCKET_CACHE:
+                cache.pop(next(iter(cache)))  # the oldest
+            cache[key] = self.bucket(rel())
+        return cache[key]
 
     @classmethod
     def from_t5_state_dict(
