@@ -1,0 +1,39 @@
+"""tools/gpu_kernel_report.py: the GPU kernel page's tables come from the committed JSON, ratios and verdicts
+computed, never copied by hand."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gpu_kernel_report as report  # noqa: E402
+
+PAYLOAD = {
+    "command": "python benchmarks/gpu_kernel.py --out x", "machine": "test", "lengths": [4096],
+    "results": {"4096": {
+        "t5_forward": {"sdpa_no_bias": {"ms": 1.0}, "relpos_triton": {"ms": 1.2}, "relpos_sdpa": {"ms": 3.0}},
+        "alibi_forward": {"sdpa_no_bias": {"ms": 2.0}, "relpos_triton": {"ms": 3.0}, "hand_flex": {"ms": None}},
+    }},
+    "route_errors": {"t5/triton": 0.001, "t5/sdpa": 0.002}, "fold_accuracy": {"relpos_triton": 0.01},
+    "sweep": {"fwd": {"(64, 64, 4, 3)": 1.5, "(128, 128, 8, 3)": None}},
+}
+
+
+def test_ratios_and_verdicts_follow_the_numbers():
+    table = report.headline(PAYLOAD)
+    assert "| t5_forward | 4096 | 1.00 | 1.20 | 1.20 | 1.3 (met) | 3.00 | - | - |" in table
+    assert "| alibi_forward | 4096 | 2.00 | 3.00 | 1.50 | 1.15 (missed) | - | - | - |" in table
+    assert "(128, 128, 8, 3): failed" in report.sweep(PAYLOAD)
+    assert "| t5 | 0.0010 | 0.0020 |" in report.errors(PAYLOAD)
+
+
+def test_the_committed_tables_are_what_the_committed_json_gives():
+    out = subprocess.run([sys.executable, str(ROOT / "tools/gpu_kernel_report.py"), str(ROOT / "docs/bench-gpu-kernel.json")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == (ROOT / "docs/bench-gpu-kernel-tables.md").read_text().strip()
+    payload = json.loads((ROOT / "docs/bench-gpu-kernel.json").read_text())
+    ours = payload["results"]["16384"]["t5_forward"]["relpos_triton"]["ms"]
+    assert f"{ours:.2f}" in (ROOT / "docs/bench-gpu-kernel.md").read_text()  # the page's headline number

@@ -1,0 +1,86 @@
+"""Tables of docs/bench-gpu-kernel.md from the committed JSON of benchmarks/gpu_kernel.py (no hand-copied numbers).
+
+    python tools/gpu_kernel_report.py docs/bench-gpu-kernel.json > docs/bench-gpu-kernel-tables.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+TARGETS = {  # the issue's targets: the position term's time over the floor's
+    "t5_forward": 1.3, "t5_train": 1.5, "causal_t5_forward": 1.3, "causal_t5_train": 1.5,
+    "alibi_forward": 1.15, "padded_forward": 1.3,
+}
+OLD_ROUTE = {  # what relpos's auto ran before the Triton kernel (docs/bench-gpu.md)
+    "t5_forward": "relpos_sdpa", "t5_train": "relpos_flex", "causal_t5_forward": "relpos_sdpa",
+    "causal_t5_train": "relpos_flex", "alibi_forward": "relpos_sdpa", "causal_alibi_forward": "relpos_sdpa",
+    "padded_forward": "relpos_sdpa", "padded_train": "relpos_sdpa",
+}
+
+
+def _ms(result: dict | None) -> str:
+    return "-" if not result or result.get("ms") is None else f"{result['ms']:.2f}"
+
+
+def headline(payload: dict) -> str:
+    lines = ["| case | L | floor ms | relpos triton ms | x floor | target | before (auto) ms | hand-written flex ms | FlashBias fold ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for length in payload["lengths"]:
+        for case, res in payload["results"][str(length)].items():
+            floor = next(iter(res.values()))
+            ours = res.get("relpos_triton")
+            ratio = ours["ms"] / floor["ms"] if ours and ours.get("ms") and floor.get("ms") else None
+            target = TARGETS.get(case)
+            verdict = "-" if target is None or ratio is None else f"{target} ({'met' if ratio <= target else 'missed'})"
+            lines.append(
+                f"| {case} | {length} | {_ms(floor)} | {_ms(ours)} | {'-' if ratio is None else f'{ratio:.2f}'} | {verdict} "
+                f"| {_ms(res.get(OLD_ROUTE.get(case, '')))} | {_ms(res.get('hand_flex'))} | {_ms(res.get('flashbias_fold'))} |"
+            )
+    return "\n".join(lines)
+
+
+def errors(payload: dict) -> str:
+    rows = payload.get("route_errors", {})
+    cases = sorted({key.split("/")[0] for key in rows})
+    lines = ["| bias | relpos triton | relpos sdpa (the view in bf16) |", "|---|---|---|"]
+    lines += [f"| {c} | {rows[c + '/triton']:.4f} | {rows[c + '/sdpa']:.4f} |" for c in cases]
+    fold = payload.get("fold_accuracy", {})
+    lines += ["", "| causal ALiBi | max error |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in fold.items()]
+    return "\n".join(lines)
+
+
+def sweep(payload: dict) -> str:
+    s = payload.get("sweep") or {}
+    lines = ["| kernel | (BM, BN, warps, stages): ms |", "|---|---|"]
+    for kernel in ("fwd", "dkdv", "dq"):
+        cells = ", ".join(f"{cfg}: {'failed' if ms is None else f'{ms:.2f}'}" for cfg, ms in s.get(kernel, {}).items())
+        lines.append(f"| {kernel} | {cells} |")
+    return "\n".join(lines)
+
+
+def all_variants(payload: dict) -> str:
+    lines = []
+    for length in payload["lengths"]:
+        for case, res in payload["results"][str(length)].items():
+            floor = next(iter(res.values()))["ms"]
+            cells = ", ".join(f"{name} {_ms(r)}" + (f" ({r['ms'] / floor:.2f}x)" if r.get("ms") and floor else "")
+                              for name, r in res.items())
+            lines.append(f"- {case}, L = {length}: {cells}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as fh:
+        payload = json.load(fh)
+    print(f"Measured: `{payload['command']}`\n\nMachine: {payload['machine']}.\n")
+    print("### Headline\n\n" + headline(payload) + "\n")
+    print("### Correctness of the forward routes (max |error| against fp32 attention with the dense bias, L = "
+          f"{payload['lengths'][0]}, bf16 inputs)\n\n" + errors(payload) + "\n")
+    print("### Tile sweep (T5 bias, first length; forward alone, dk/dv and dq as training steps)\n\n" + sweep(payload) + "\n")
+    print("### Every variant (ms, x the case's floor)\n\n" + all_variants(payload))
+
+
+if __name__ == "__main__":
+    main()
