@@ -646,3 +646,36 @@ def test_decoding_rows_take_one_sdpa_call_and_equal_the_general_path():
             fast, _ = alibi_attention(q, k, v, bias=bias, mask=mask, scale=0.3)
         general, _ = alibi_attention(q, k, v, bias=bias, mask=mask, scale=0.3)  # grad enabled: the general path
         torch.testing.assert_close(fast, general.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_bloom_without_the_private_slope_helper(monkeypatch):
+    """transformers 5.17 has no modeling_bloom._get_alibi_slopes (its build_alibi_tensor computes the slopes
+    inline): relpos takes Bloom's slopes from build_alibi_tensor, so the model accelerates and stays exact."""
+    reference, _ = pair("bloom")
+    ids, mask, _ = batch()
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).logits
+    slopes = modeling_bloom._get_alibi_slopes  # held by the builder below, gone from the module
+
+    def inline_build(attention_mask, num_heads, dtype):  # the older form: the slopes computed inside the builder
+        batch_size, seq_length = attention_mask.shape
+        positions = ((attention_mask.cumsum(dim=-1) - 1) * attention_mask)[:, None, :]  # (B, 1, L)
+        alibi = slopes(num_heads, attention_mask.device)[..., None] * positions  # (B, H, L)
+        return alibi.reshape(batch_size * num_heads, 1, seq_length).to(dtype)
+
+    monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", inline_build)
+    monkeypatch.delattr(modeling_bloom, "_get_alibi_slopes")
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    with torch.no_grad():
+        torch.testing.assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_missing_helper_is_named_not_the_forward(monkeypatch):
+    reference, _ = pair("bloom")
+    monkeypatch.delattr(modeling_bloom, "dropout_add")
+    with pytest.raises(RuntimeError) as error:
+        rh.accelerate(reference)
+    message = str(error.value)
+    assert "it lacks transformers.models.bloom.modeling_bloom.dropout_add" in message
+    assert "forward" not in message and "tested with transformers" in message
+    assert untouched(reference)

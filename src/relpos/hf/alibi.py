@@ -152,6 +152,10 @@ def model_alibi(num_heads: int, slopes: list[float]) -> ALiBi:
     return ALiBi(num_heads, slopes=slopes, device="cpu")
 
 
+#: the transformers releases relpos.hf is tested with (pyproject.toml's dev extra; docs/transformers.md)
+TESTED_TRANSFORMERS = ">= 5.0, < 5.25 (CI: the newest of them; the GPU machine: 5.17)"
+
+
 def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[list[str], ...],
                attributes: tuple[str, ...], children: set[str], helpers: tuple[str, ...] = ()) -> None:
     """The installed transformers' attention module has what the instance forward relies on (else RuntimeError).
@@ -167,13 +171,20 @@ def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[
     source = sys.modules[type(module).__module__]
     missing += [f"{source.__name__}.{h}" for h in helpers if not hasattr(source, h)]
     extra = {name for name, _ in module.named_children()} - children
-    if got not in [list(p) for p in known] or missing or extra:
+    problems = []
+    if got not in [list(p) for p in known]:
         needs = " or ".join(f"forward{tuple(p[1:])}" for p in known)
+        problems.append(f"its forward is forward{tuple(got[1:])}, relpos needs {needs}")
+    if missing:
+        problems.append(f"it lacks {', '.join(missing)}")
+    if extra:
+        problems.append(f"it has sub-modules relpos does not know ({', '.join(sorted(extra))}; expected only "
+                        f"{', '.join(sorted(children))})")
+    if problems:
         raise RuntimeError(
             f"relpos.hf.accelerate ({family}) does not fit {type(module).__name__} of the installed transformers "
-            f"{transformers.__version__}: it needs {needs} (got {tuple(got[1:])}), "
-            f"the attributes {missing or 'present'} and no sub-modules besides {sorted(children)} (extra: "
-            f"{sorted(extra) or 'none'}). Use transformers 5.x as tested, or run the model unaccelerated."
+            f"{transformers.__version__}: {'; '.join(problems)}. relpos is tested with transformers {TESTED_TRANSFORMERS}; "
+            "install one of those, or run the model unaccelerated"
         )
 
 

@@ -66,14 +66,19 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
 
 
 def _slopes(module: nn.Module) -> list[float]:
-    slopes = sys.modules[type(module).__module__]._get_alibi_slopes(module.num_heads, torch.device("cpu"))
-    return slopes.tolist()  # Bloom's fp32 slopes, exactly
+    """Bloom's fp32 slopes, exactly: its ``build_alibi_tensor`` at position 1 of an all-real mask is ``slope * 1``.
+
+    ``build_alibi_tensor`` exists in every transformers release relpos supports; the private helper it
+    calls in newer ones (``_get_alibi_slopes``) does not exist in 5.17."""
+    build = sys.modules[type(module).__module__].build_alibi_tensor
+    alibi = build(torch.ones(1, 2), module.num_heads, torch.float32)  # (H, 1, 2): slopes * [0, 1]
+    return alibi[:, 0, 1].tolist()
 
 
 def _check(modules: list[nn.Module]) -> None:
     check_fits(modules[0], "Bloom", parameters=_PARAMETERS, attributes=_ATTRIBUTES,
                children={"query_key_value", "dense", "attention_dropout"},
-               helpers=("dropout_add", "_get_alibi_slopes"))
+               helpers=("dropout_add", "build_alibi_tensor"))
     module = modules[0]
     if module.pretraining_tp > 1 and module.slow_but_exact:
         raise ValueError(
