@@ -12,24 +12,18 @@ Profiles: ``ci`` (the default, within the suite's budget) and ``long`` (``RELPOS
 """
 
 import math
-import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import relpos
 from relpos.backends import _tiles
 from relpos.backends.dispatch import _FUSED_MIN_SCORES
 
+from fuzz_profiles import examples
 from oracles import attend, bias_oracle
-
-settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("long", max_examples=1500, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-PROFILE = os.environ.get("RELPOS_FUZZ", "ci")
 
 CHUNK = _tiles.CAUSAL_CHUNK
 LENGTHS = sorted({1, 2, 3, 5, 7, 13, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, CHUNK - 1, CHUNK, CHUNK + 1})
@@ -152,7 +146,7 @@ def _run(case: dict, *, large_batch_scale: int = 1):
                     assert torch.isfinite(p.grad).all()
 
 
-@settings(settings.get_profile(PROFILE))
+@examples(60, 1500)
 @given(calls())
 def test_attention_matches_fp64_on_every_cpu_backend(case):
     _run(case)
@@ -177,13 +171,13 @@ def real_sizes(draw):
     )
 
 
-@settings(settings.get_profile(PROFILE), max_examples=12 if PROFILE == "ci" else 300)
+@examples(12, 300)
 @given(real_sizes())
 def test_attention_at_real_sizes_matches_fp64(case):
     _run(case)
 
 
-@settings(settings.get_profile(PROFILE), max_examples=40 if PROFILE == "ci" else 400)
+@examples(40, 400)
 @given(calls(backends=("auto", "sdpa", "fused", "eager")), st.integers(2, 4))
 def test_repeated_calls_with_growing_lengths_match(case, steps):
     """A bias module called again and again at growing lengths (its caches: T5's buckets, Sandwich's

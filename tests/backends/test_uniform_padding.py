@@ -61,14 +61,16 @@ def test_single_padded_example_gradients_match_eager():
             torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "fused", "eager"])
-def test_a_batch_of_one_all_padding_example_trains(backend):
+def test_a_batch_of_one_all_padding_example_trains(backend, causal):
     """Found by tests/backends/test_fuzz.py: a batch whose only example is all padding, past the tile threshold,
-    returned zeros outside the autograd graph on the sdpa path, so backward() raised. Now zeros with zero
-    gradients on every backend."""
+    returned zeros outside the autograd graph on the sdpa path, so backward() raised (and, causal, NaN from the
+    first fix's 0 * -inf). Now zeros with zero gradients on every backend."""
     q, k, v = (torch.randn(1, H, 513, 16, requires_grad=True) for _ in range(3))
     bias = relpos.T5RelativeBias(H)
-    out = relpos.attention(q, k, v, bias=bias, key_mask=torch.zeros(1, 513, dtype=torch.bool), backend=backend)
+    out = relpos.attention(q, k, v, bias=bias, key_mask=torch.zeros(1, 513, dtype=torch.bool), causal=causal,
+                           backend=backend)
     out.sum().backward()
     assert (out == 0).all()
     for t in (q, k, v, bias.relative_attention_bias.weight):

@@ -405,3 +405,37 @@ def test_projected_window_attention_bad_inputs():
         projected_window_attention(x, torch.randn(3, 8, 8), [None] * 3, heads=2)
     with pytest.raises(ValueError, match="scale must be None with cosine_scale"):
         projected_window_attention(x, [torch.randn(8, 8)] * 3, [None] * 3, heads=2, scale=0.5, cosine_scale=torch.ones(2))
+
+
+# --- differential fuzzing: non-square maps, every window, shift and pretrained window (tests/fuzz_profiles.py) ---
+from hypothesis import assume, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fuzz_profiles import examples  # noqa: E402
+
+
+@examples(25, 400)
+@given(window=st.integers(2, 5), height=st.integers(1, 13), width=st.integers(1, 13), shifted=st.booleans(),
+       batch=st.integers(1, 3), v2=st.booleans(), pretrained=st.sampled_from([0, 3, 8]), seed=st.integers(0, 99))
+def test_fuzz_window_attention_equals_transformers(window, height, width, shifted, batch, v2, pretrained, seed):
+    """Maps of any height and width (padded to the window, non-square), shifted or not, Swin V1 and V2 (with a
+    pretrained window): the block's output and every gradient equal transformers' in fp64. Maps no larger than
+    the window are left out: transformers then shrinks the layer's window but not its attention's bias table
+    and fails with a shape error of its own."""
+    assume(min(height, width) > window)
+    resolution = (height, width)
+    shift = window // 2 if shifted else 0
+    if v2:
+        layer = _swinv2_layer(window, resolution, shift, pretrained)
+        attn = _v2_attention(layer, layer.window_size, layer.shift_size, pretrained)
+        params_ref = list(layer.attention.self.continuous_position_bias_mlp.parameters()) + [layer.attention.self.logit_scale]
+        params_ours = list(attn.position_bias.cpb_mlp.parameters()) + [attn.logit_scale]
+        block = _v2_block
+    else:
+        layer = _swin_layer(window, resolution, shift)
+        attn = _v1_attention(layer, layer.window_size, layer.shift_size)
+        params_ref = [layer.attention.relative_position_bias.relative_position_bias_table]
+        params_ours = [attn.position_bias.relative_position_bias_table]
+        block = _v1_block
+    x = torch.randn(batch, height * width, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    _compare(lambda t: layer(t, resolution)[0], lambda t: block(layer, attn, t, resolution), params_ref, params_ours, x)

@@ -283,7 +283,8 @@ def tiled_sdpa(
     """
     batch, heads, query_length, _ = query.shape
     if not tiles:  # no query sees any key (every example all padding): zeros, in the graph with zero gradients
-        anchor = sum(t.sum() for t in (query, key, value, values)) * 0.0
+        finite = torch.nan_to_num(values, neginf=0.0, posinf=0.0)  # the causal mask folded in as -inf: 0 * -inf is NaN
+        anchor = sum(t.sum() for t in (query, key, value, finite)) * 0.0
         return query.new_zeros(batch, heads, query_length, value.shape[-1]) + anchor.to(query.dtype)
     covers_all = sum((t.b1 - t.b0) * (t.r1 - t.r0) for t in tiles) == batch * query_length  # tiles never overlap
     if len(tiles) == 1 and covers_all:  # one tile: every example keeps the same keys k0:k1 (batch of one too)
