@@ -146,7 +146,7 @@ def _run(case: dict, *, large_batch_scale: int = 1):
                     assert torch.isfinite(p.grad).all()
 
 
-@examples(60, 1500)
+@examples(60, 2500)
 @given(calls())
 def test_attention_matches_fp64_on_every_cpu_backend(case):
     _run(case)
