@@ -218,3 +218,26 @@ def test_fold_trains_through_sdpa_cpu_flash_backward():
     rel_h, rel_w = decomposed_terms(q, table_h, table_w, (4, 4))
     out = decomposed_attention(q, k, v, rel_h, rel_w, impl="fold")
     assert "ScaledDotProductFlashAttentionForCpuBackward0" in _graph_names(out.grad_fn)  # not the math kernel
+
+
+# --- differential fuzzing (tests/fuzz_profiles.py): any grid, every path, against the fp64 formula ---
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fuzz_profiles import examples  # noqa: E402
+
+
+@examples(20, 400)
+@given(height=st.integers(1, 7), width=st.integers(1, 7), batch=st.integers(1, 3), heads=st.integers(1, 3),
+       impl=st.sampled_from(["auto", "tiles", "fold", "reference"]), seed=st.integers(0, 999))
+def test_fuzz_decomposed_attention_equals_the_formula(height, width, batch, heads, impl, seed):
+    """Non-square grids (1 x 7 to 7 x 1), batch 1-3: every path's output equals softmax with the bias built from
+    the formula by loops in fp64, and the terms equal transformers' SAM formula."""
+    grid = (height, width)
+    q, k, v, table_h, table_w = _inputs(batch=batch, heads=heads, grid=grid, seed=seed)
+    rel_h, rel_w = decomposed_terms(q, table_h, table_w, grid)
+    bias = _oracle_bias(q, table_h, table_w, grid)  # (B, H, N, N)
+    want = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + bias, -1) @ v
+    torch.testing.assert_close(decomposed_attention(q, k, v, rel_h, rel_w, impl=impl), want, rtol=1e-10, atol=1e-10)
+    theirs = _sam_bias(q.flatten(0, 1), table_h, table_w, grid, grid)
+    torch.testing.assert_close(decomposed_bias(rel_h, rel_w).flatten(0, 1), theirs.reshape(batch * heads, height * width, -1))

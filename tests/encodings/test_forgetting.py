@@ -176,3 +176,35 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="ForgettingGate\\) has dim=8"):
         from relpos import MultiheadAttention
         MultiheadAttention(16, 4, position=ForgettingGate(8, 4))
+
+
+# --- differential fuzzing (tests/fuzz_profiles.py): shapes, offsets, padding and backends against the fp64 formula ---
+from hypothesis import assume, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fuzz_profiles import examples  # noqa: E402
+
+
+@examples(30, 500)
+@given(batch=st.integers(1, 3), lq=st.sampled_from([1, 2, 5, 17, 33]), lk=st.sampled_from([1, 2, 5, 17, 33, 64, 65]),
+       padded=st.sampled_from(["none", "right", "left", "all_padding"]), backend=st.sampled_from(["auto", "eager", "sdpa", "fused"]),
+       seed=st.integers(0, 999))
+def test_fuzz_gated_attention_equals_the_formula(batch, lq, lk, padded, backend, seed):
+    """Queries at the end of the keys (q_offset = Lk - Lq), batch 1-3, padding layouts, every backend: equal to the
+    fp64 oracle with the forget-gate bias summed term by term."""
+    assume(lq <= lk)
+    q_offset = lk - lq
+    q, k, v = qkv(b=batch, lq=lq, lk=lk, seed=seed)
+    log_f = gates(b=batch, length=lk, seed=seed)
+    key_mask = None
+    if padded != "none":
+        key_mask = torch.ones(batch, lk, dtype=torch.bool)
+        if padded == "right":
+            key_mask[0, lk // 2 + 1 :] = False
+        elif padded == "left":
+            key_mask[batch - 1, : lk // 2] = False
+        else:
+            key_mask[batch - 1] = False
+    kw = dict(causal=True, q_offset=q_offset, key_mask=key_mask)
+    out = gated_attention(q, k, v, log_f.cumsum(-1), backend=backend, **kw)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, fox_bias(log_f, lq, q_offset), **kw), atol=2e-5, rtol=1e-5)
