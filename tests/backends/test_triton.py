@@ -259,3 +259,22 @@ def test_auto_never_picks_the_interpreter_on_cpu():
     q, k, v = qkv(2, 600, 600)
     choice = relpos.select_backend(q, k, v, bias=BIASES["t5"]())
     assert choice.backend != "triton" and "CUDA kernel" in choice.rejected["triton"]
+
+
+@pytest.mark.parametrize("radius", [2, 18])
+def test_clipped_blocks_on_the_edge_of_the_flat_range(radius):
+    """Clipped biases whose flat range starts exactly one offset past a 16-key block's last diagonal
+    (R = 2 and 18 with the interpreter's 16 x 16 tiles): that block has a value of its own and must gather."""
+    bias = strong(relpos.ClippedRelativeBias(H, max_distance=radius))
+    q, k, v = qkv(2, 80, 80, seed=5)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = expected(bias, *exact, causal=False, grad=True)
+    want.square().sum().backward()
+    table_grad = bias.relative_bias.grad.clone().double()
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip([t.grad for t in leaves] + [bias.relative_bias.grad], [t.grad for t in exact] + [table_grad]):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)

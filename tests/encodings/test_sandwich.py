@@ -81,7 +81,7 @@ def test_the_per_distance_cache_equals_the_formula_as_it_grows():
         inner = sum(math.cos(r / 10000 ** (2 * k / 12)) for k in range(1, 7)) - 6
         return [inner / (8 * h / 2) for h in (1, 2)]
 
-    for offsets in ([0, -3, 2], list(range(-40, 41)), [5, -1], [-300, 299, 7]):
+    for offsets in ([0, -3, 2], [4, -4], list(range(-40, 41)), [5, -1], [-300, 299, 7]):  # [4, -4]: exactly the cache's size
         got = bias.bias_at(torch.tensor(offsets))  # (H, n)
         want = torch.tensor([formula(r) for r in offsets], dtype=torch.float64).T.float()
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

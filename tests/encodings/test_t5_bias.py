@@ -231,6 +231,9 @@ def test_offset_buckets_are_cached_per_shape_and_bounded():
     assert torch.equal(again.values, expected)
     again.values.sum().backward()
     assert bias.relative_attention_bias.weight.grad.abs().sum() > 0
+    for q_offset in range(10):  # decoding: one query at every position of a cache of 10 keys
+        step = bias.offsets(1, 10, q_offset=q_offset).values
+        torch.testing.assert_close(step, bias.relative_attention_bias(bias.bucket(relpos.relative_offsets(1, 10, q_offset=q_offset))).T)
     for length in range(1, 20):
         bias.offsets(length, length)
     assert len(bias._bucket_cache) == t5_module.BUCKET_CACHE

@@ -185,3 +185,26 @@ def test_bad_arguments(kwargs, exc, words):
         RelativePositionBias(**kwargs)
     for w in words:
         assert w in str(info.value)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(wh=st.integers(1, 6), ww=st.integers(1, 6), ph=st.integers(0, 8), pw=st.integers(0, 8), seed=st.integers(0, 99))
+def test_continuous_bias_on_non_square_windows_and_pretrained_windows(wh, ww, ph, pw, seed):
+    """Swin V2's continuous bias with a window and a pretrained window of any height and width (0: none) equals
+    the formula (tests/oracles.py: offsets over P - 1 per axis, times 8, signed log2, MLP, 16 sigmoid)."""
+    from relpos import ContinuousPositionBias
+
+    from oracles import bias_oracle
+
+    torch.manual_seed(seed)
+    pretrained = (ph, pw) if ph and pw else 0
+    if pretrained and ((ph == 1 and wh > 1) or (pw == 1 and ww > 1)):  # P - 1 = 0: the references divide by zero
+        with pytest.raises(ValueError, match="divides the offsets by P - 1 = 0"):
+            ContinuousPositionBias(num_heads=3, window_size=(wh, ww), pretrained_window_size=pretrained)
+        return
+    bias = ContinuousPositionBias(num_heads=3, window_size=(wh, ww), pretrained_window_size=pretrained)
+    with torch.no_grad():
+        for p in bias.parameters():
+            p.normal_()
+    n = wh * ww
+    torch.testing.assert_close(bias().double(), bias_oracle(bias, n, n)[0], rtol=1e-5, atol=1e-5)

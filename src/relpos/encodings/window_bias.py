@@ -239,6 +239,13 @@ def log_spaced_coords(
     """
     window = normalize_window_size(window_size, ndim=2)
     pretrained = normalize_pretrained_window(pretrained_window_size)
+    for axis, (size, base) in enumerate(zip(window, pretrained)):
+        if base == 1 and size > 1:
+            raise ValueError(
+                f"pretrained_window_size={pretrained} has 1 on axis {axis}, where the window is {size} wide: Swin V2 "
+                "divides the offsets by P - 1 = 0 there (timm and transformers give inf); pass the pretrained window's "
+                "real size (at least 2), or 0 for none"
+            )
     axes = []
     for size, base in zip(window, pretrained):
         offsets = torch.arange(-(size - 1), size, device=device, dtype=torch.float32)  # (2W - 1,)
