@@ -71,7 +71,7 @@ def _slopes(module: nn.Module) -> list[float]:
     ``build_alibi_tensor`` exists in every transformers release relpos supports; the private helper it
     calls in newer ones (``_get_alibi_slopes``) does not exist in 5.17."""
     build = sys.modules[type(module).__module__].build_alibi_tensor
-    alibi = build(torch.ones(1, 2), module.num_heads, torch.float32)  # (H, 1, 2): slopes * [0, 1]
+    alibi = build(torch.ones(1, 2, device="cpu"), module.num_heads, torch.float32)  # (H, 1, 2): slopes * [0, 1]
     return alibi[:, 0, 1].tolist()
 
 
