@@ -211,7 +211,7 @@ def apply(mutant: Mutant, tree: Path) -> str | None:
 def copy_tree(dest: Path) -> Path:
     """The parts of the repository the tests read, copied (the real tree is never patched)."""
     skip = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", "runs")
-    for name in ("src", "tests", "docs", "examples"):
+    for name in ("src", "tests", "docs", "examples", "benchmarks", "tools"):  # tests run benchmarks and tools too
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, dest / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
