@@ -679,3 +679,16 @@ def test_a_missing_helper_is_named_not_the_forward(monkeypatch):
     assert "it lacks transformers.models.bloom.modeling_bloom.dropout_add" in message
     assert "forward" not in message and "tested with transformers" in message
     assert untouched(reference)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_all_padding_example_gets_transformers_rows(family):
+    """An example with no real token: transformers gives each of its rows uniform attention over the keys (every
+    score masked alike); relpos's adapters must give the same logits, not the zeros of a row with no key."""
+    reference, accelerated = pair(family)
+    ids, mask, _ = batch()
+    mask[1] = 0  # example 1: all padding
+    with torch.no_grad():
+        want = reference(input_ids=ids, attention_mask=mask).logits
+        got = accelerated(input_ids=ids, attention_mask=mask).logits
+    assert_close(got, want, what=f"{family}, every row of every example")

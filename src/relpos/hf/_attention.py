@@ -31,7 +31,7 @@ def transformers_modules():
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as exc:  # pragma: no cover - exercised only without transformers
-        raise ImportError(f"relpos.hf needs transformers >= 5: pip install 'relpos[hf]' ({exc})") from exc
+        raise ImportError(f"relpos.hf needs transformers >= 5.15: pip install 'relpos[hf]' ({exc})") from exc
     return transformers, AttentionInterface, AttentionMaskInterface
 
 

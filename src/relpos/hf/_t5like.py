@@ -96,7 +96,8 @@ def _check_fits(module: nn.Module, extra_attributes: tuple[str, ...]) -> None:
             f"relpos.hf.accelerate does not fit {type(module).__name__} of the installed transformers "
             f"{transformers.__version__}: it needs compute_bias{_COMPUTE_BIAS[1:]} (got {params[1:]}), "
             f"the attributes {missing or 'present'} and a forward that calls the attention interface with "
-            "position_bias (transformers >= 5). Upgrade transformers, or run the model unaccelerated."
+            "position_bias (transformers >= 5.15; 5.14 and older compute the bias from cache_position). "
+            "Upgrade transformers, or run the model unaccelerated."
         )
 
 

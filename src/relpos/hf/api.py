@@ -20,7 +20,7 @@ def _pretrained_model_class():
     try:
         from transformers import PreTrainedModel
     except ImportError as exc:  # pragma: no cover - exercised only without transformers
-        raise ImportError(f"relpos.hf needs transformers >= 5: pip install 'relpos[hf]' ({exc})") from exc
+        raise ImportError(f"relpos.hf needs transformers >= 5.15: pip install 'relpos[hf]' ({exc})") from exc
     return PreTrainedModel
 
 

@@ -87,7 +87,7 @@ def _check(modules: list[nn.Module]) -> None:
                 f"relpos.hf.accelerate does not fit {type(module).__name__} of the installed transformers "
                 f"{transformers.__version__}: it needs the attributes {needed} (missing {missing}) and a forward that "
                 "adds decomposed relative positions to a qkv attention. Run the model unaccelerated, or use the "
-                "transformers version relpos is tested with (5.x)."
+                "transformers version relpos is tested with (>= 5.15, < 5.25)."
             )
 
 
