@@ -11,6 +11,7 @@ Profiles: ``ci`` (the default, within the suite's budget) and ``long`` (``RELPOS
 5,000 examples over the entry points; docs/testing.md says how to run it).
 """
 
+import importlib.util
 import math
 
 import pytest
@@ -193,3 +194,25 @@ def test_repeated_calls_with_growing_lengths_match(case, steps):
         b = _bias(bias_name, case["heads"], case["seed"]).offsets(n, n + step).values
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(reused.offsets(length, length).values, fresh.offsets(length, length).values)
+
+
+SMALL = [n for n in LENGTHS if n <= 65]
+
+
+@st.composite
+def small_calls(draw):
+    """Sizes the Triton interpreter runs in a second or less (16 x 16 tiles there: many tiles all the same)."""
+    case = draw(calls(backends=("triton",)))
+    case["query_length"] = draw(st.sampled_from(SMALL))
+    case["key_length"] = draw(st.sampled_from(SMALL))
+    return case
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra installs it)")
+@examples(10, 200)
+@given(small_calls())
+def test_triton_kernel_matches_fp64(case):
+    """The Triton backend (under the interpreter without a GPU: tests/conftest.py) through the same harness: every
+    bias, mask, length and head layout it accepts equals fp64 attention; what it refuses (dense biases, masks with
+    holes) says so."""
+    _run(case)
