@@ -193,6 +193,32 @@ def oracle(q, k, v, bias=None, *, causal=False, q_offset=0, key_mask=None, scale
     return attend(q, k, v, bias, causal=causal, keep=key_mask, scale=scale, q_offset=q_offset)
 
 
+def padding_layout(layout: str, batch: int, length: int) -> torch.Tensor | None:
+    """(B, L) boolean key mask (True = a real token) in one of the layouts the fuzzing tests draw.
+
+    ``none`` (None), ``right`` (example 0 keeps its first L // 2 + 1), ``left`` (the last example drops its first
+    L // 2), ``one_real_first`` / ``one_real_last`` (example 0 keeps only its first / last token), ``alike`` (every
+    example drops its last 3, keeping at least one), ``all_padding`` (the last example keeps nothing).
+    """
+    if layout == "none":
+        return None
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    if layout == "right":
+        keep[0, length // 2 + 1 :] = False
+    elif layout == "left":
+        keep[batch - 1, : length // 2] = False
+    elif layout in ("one_real_first", "one_real_last"):
+        keep[0] = False
+        keep[0, 0 if layout == "one_real_first" else length - 1] = True
+    elif layout == "alike":
+        keep[:, max(1, length - 3) :] = False
+    elif layout == "all_padding":
+        keep[batch - 1] = False
+    else:
+        raise ValueError(f"unknown padding layout {layout!r}")
+    return keep
+
+
 def padding_mask(batch, length):
     """Example 0 right-padded by 3, example 1 left-padded by 2 (the rest full)."""
     mask = torch.ones(batch, length, dtype=torch.bool)

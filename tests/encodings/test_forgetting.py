@@ -6,7 +6,7 @@ import torch
 import relpos.encodings.forgetting
 from relpos import ForgettingGate, gated_attention
 
-from oracles import decode_matches_parallel, oracle, padding_mask, qkv
+from oracles import decode_matches_parallel, oracle, padding_layout, padding_mask, qkv
 
 CASES = [(12, 12, True, 0, False), (12, 12, True, 0, True), (1, 12, True, 11, False), (4, 12, True, 8, True)]
 
@@ -196,15 +196,7 @@ def test_fuzz_gated_attention_equals_the_formula(batch, lq, lk, padded, backend,
     q_offset = lk - lq
     q, k, v = qkv(b=batch, lq=lq, lk=lk, seed=seed)
     log_f = gates(b=batch, length=lk, seed=seed)
-    key_mask = None
-    if padded != "none":
-        key_mask = torch.ones(batch, lk, dtype=torch.bool)
-        if padded == "right":
-            key_mask[0, lk // 2 + 1 :] = False
-        elif padded == "left":
-            key_mask[batch - 1, : lk // 2] = False
-        else:
-            key_mask[batch - 1] = False
+    key_mask = padding_layout(padded, batch, lk)
     kw = dict(causal=True, q_offset=q_offset, key_mask=key_mask)
     out = gated_attention(q, k, v, log_f.cumsum(-1), backend=backend, **kw)
     torch.testing.assert_close(out.double(), oracle(q, k, v, fox_bias(log_f, lq, q_offset), **kw), atol=2e-5, rtol=1e-5)

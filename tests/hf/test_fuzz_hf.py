@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 import relpos.hf as rh  # noqa: E402
 import hf_checks  # noqa: E402
 from fuzz_profiles import examples  # noqa: E402
+from oracles import padding_layout  # noqa: E402
 
 VOCAB = 64
 T5 = dict(vocab_size=VOCAB, d_model=16, d_kv=4, num_heads=4, d_ff=32, num_layers=2, num_decoder_layers=1,
@@ -35,17 +36,9 @@ DECODERS = {
 
 
 def _mask(layout: str, batch: int, length: int) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.long)
-    if layout == "right":
-        mask[0, length // 2 + 1 :] = 0
-    elif layout == "left":
-        mask[batch - 1, : length // 2] = 0
-    elif layout == "one_real":
-        mask[0] = 0
-        mask[0, 0] = 1
-    elif layout == "alike":
-        mask[:, max(1, length - 3) :] = 0
-    return mask
+    """transformers' 0/1 attention_mask (B, L) of a padding layout (tests/oracles.py)."""
+    keep = padding_layout(layout, batch, length)
+    return torch.ones(batch, length, dtype=torch.long) if keep is None else keep.long()
 
 
 def _ids(batch, length, seed):
@@ -54,7 +47,7 @@ def _ids(batch, length, seed):
 
 @examples(15, 300)
 @given(batch=st.integers(1, 3), length=st.sampled_from([1, 2, 7, 13, 29, 40]), target=st.sampled_from([1, 5, 16]),
-       layout=st.sampled_from(["none", "right", "left", "one_real", "alike"]), seed=st.integers(0, 999))
+       layout=st.sampled_from(["none", "right", "left", "one_real_first", "alike"]), seed=st.integers(0, 999))
 def test_t5_accelerated_equals_transformers(batch, length, target, layout, seed):
     torch.manual_seed(seed)
     reference, accelerated = hf_checks.make_pair(transformers.T5ForConditionalGeneration(transformers.T5Config(**T5)))

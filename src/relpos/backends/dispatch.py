@@ -284,15 +284,14 @@ def _choose(call: _Call) -> BackendChoice:
         triton_no = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call costs less than compiling the kernel's variant"
     elif triton_no is None and call.bias is None:
         triton_no = "no position term: SDPA's own flash/cuDNN kernels are faster"
-    rejected["triton"] = triton_no or ""
     if triton_no is None:  # measured on an H100 (docs/bench-gpu-kernel.md): the fastest route for a position term
-        del rejected["triton"]
         rejected.update(
             sdpa="SDPA reads the bias as an (Lq, Lk) view or copy, and its math kernel holds (B, H, Lq, Lk) for a table gradient",
             flex=flex_no or "FlexAttention gathers the bias per score and trains the table with per-score atomics",
             fused=fused_no or "fused is the CPU path",
         )
         return BackendChoice("triton", "position term on a CUDA GPU: the Triton kernel computes it inside each tile", rejected)
+    rejected["triton"] = triton_no
     if call.dense_reason:
         rejected.update(fused=fused_no, flex=flex_no)
         return BackendChoice("sdpa", f"dense (B, H, Lq, Lk) mask: {call.dense_reason}", rejected)

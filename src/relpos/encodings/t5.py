@@ -93,7 +93,11 @@ class RelativePositionalBias(RelativeBias):
 
     def bias_at(self, relative_position: torch.Tensor) -> torch.Tensor:
         """(H, n) bias at the (n,) offsets: one bucket and one table row per offset."""
-        return self.relative_attention_bias(self.bucket(relative_position)).transpose(0, 1)  # (H, n)
+        return self._lookup(self.bucket(relative_position))  # (H, n)
+
+    def _lookup(self, buckets: torch.Tensor) -> torch.Tensor:
+        """(H, n) table rows of the (n,) bucket indices."""
+        return self.relative_attention_bias(buckets).transpose(0, 1)  # (H, n)
 
     def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
         """Per-offset values; offsets at or beyond ``max_distance`` (and, in the causal form, every
@@ -105,7 +109,7 @@ class RelativePositionalBias(RelativeBias):
         """
         device = check_device("device", device)
         buckets = self._offset_buckets(query_length, key_length, q_offset)  # (Lq + Lk - 1,)
-        values = self.relative_attention_bias(buckets).transpose(0, 1).contiguous()  # (H, n)
+        values = self._lookup(buckets).contiguous()  # (H, n)
         if device is not None:
             values = values.to(device)
         far = self.max_distance if self.bidirectional else 0
