@@ -28,7 +28,10 @@ from ._denormals import flushing
 from ._dropout import effective_p, keep_rows
 from ._tiles import Tile, tile_bias
 
-__all__ = ["accumulate_dtype", "antidiagonal_sums", "flash_attention", "fused_available", "fused_attention", "tiled_sdpa"]
+__all__ = [
+    "accumulate_dtype", "antidiagonal_sums", "flash_attention", "fused_available", "fused_attention", "tile_flash_gradients",
+    "tile_forward", "tile_gradients", "tiled_sdpa",
+]
 
 _BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
 
@@ -91,8 +94,9 @@ def _finite_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill(~torch.isfinite(lse), float("inf"))
 
 
-def _forward_dropout(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: int):
-    """Blockwise forward with dropout for one tile: (b, H, R, dv) output and (b, H, R) logsumexp."""
+def _forward_blockwise(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: int):
+    """Blockwise forward of one tile in PyTorch ops (dropout, or no CPU flash kernel): (b, H, R, dv) output and
+    (b, H, R) logsumexp, both in the bias's (accumulation) dtype."""
     acc = bias.dtype
     out = torch.empty(*qt.shape[:-1], vt.shape[-1], dtype=acc, device=qt.device)  # (b, H, R, dv)
     lse = torch.empty(qt.shape[:-1], dtype=acc, device=qt.device)  # (b, H, R)
@@ -102,9 +106,35 @@ def _forward_dropout(qt, kt, vt, bias, scale, dropout, tile: Tile, key_length: i
         for a, c in _row_blocks(qt.shape[2], heads, kb.shape[1]):
             s = torch.bmm(qt[i, :, a:c].to(acc), kb.transpose(1, 2)).mul_(scale).add_(bias[0, :, a:c])  # (H, R, K)
             m = _finite_lse(torch.logsumexp(s, -1, keepdim=True))  # (H, R, 1)
-            p = s.sub_(m).exp_().mul_(_dropout_scale(dropout, tile.b0 + i, tile, a, c, heads, key_length, acc, qt.device))
+            p = s.sub_(m).exp_()
+            if dropout is not None:
+                p.mul_(_dropout_scale(dropout, tile.b0 + i, tile, a, c, heads, key_length, acc, qt.device))
             out[i, :, a:c] = torch.bmm(p, vb)
             lse[i, :, a:c] = m[..., 0]
+    return out, lse
+
+
+def tile_forward(q_rev, key, value, bias, tiles, scale, dropout=None):
+    """Attention over ``tiles``: the (B, H, Lq, dv) output in reversed query rows (0 in rows no tile covers) and
+    the (B, H, Lq) logsumexp in the accumulation dtype (+inf there: their probabilities are exactly 0).
+
+    ``bias``: (Hb, Lq + Lk - 1) per-offset values in the accumulation dtype, causal mask folded in, no gradient.
+    Each tile runs SDPA's CPU flash kernel where it exists (no dropout), else :func:`_forward_blockwise`.
+    """
+    batch, heads, query_length, _ = q_rev.shape
+    flash = dropout is None and fused_available(q_rev)
+    out = q_rev.new_zeros(batch, heads, query_length, value.shape[-1])  # reversed rows; rows in no tile stay 0
+    lse = torch.full((batch, heads, query_length), float("inf"), dtype=bias.dtype, device=q_rev.device)
+    for tile in tiles:
+        qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
+        mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
+        if flash:
+            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, False, attn_mask=mask, scale=scale)
+        else:
+            o, m = _forward_blockwise(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
+        a0, a1 = _reversed_rows(tile, query_length)
+        out[tile.b0 : tile.b1, :, a0:a1] = o
+        lse[tile.b0 : tile.b1, :, a0:a1] = m
     return out, lse
 
 
@@ -112,24 +142,9 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_rev, key, value, values, tiles, scale, dropout):
         # q_rev (B, H, Lq, d): the queries reversed; values (Hb, Lq + Lk - 1), causal mask already folded in
-        batch, heads, query_length, _ = q_rev.shape
-        acc = accumulate_dtype(q_rev.dtype)
-        bias = values.detach().to(acc)
-        out = q_rev.new_zeros(batch, heads, query_length, value.shape[-1])  # reversed rows; rows in no tile stay 0
-        lse = torch.full((batch, heads, query_length), float("inf"), dtype=acc, device=q_rev.device)
+        bias = values.detach().to(accumulate_dtype(q_rev.dtype))
         with flushing(q_rev):
-            for tile in tiles:
-                qt, kt, vt = _tile_inputs(q_rev, key, value, tile)
-                mask = tile_bias(bias, tile, query_length)  # (1, Hb, R, K) view
-                if dropout is None:
-                    o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                        qt, kt, vt, 0.0, False, attn_mask=mask, scale=scale
-                    )
-                else:
-                    o, m = _forward_dropout(qt, kt, vt, mask, scale, dropout, tile, key.shape[-2])
-                a0, a1 = _reversed_rows(tile, query_length)
-                out[tile.b0 : tile.b1, :, a0:a1] = o
-                lse[tile.b0 : tile.b1, :, a0:a1] = m
+            out, lse = tile_forward(q_rev, key, value, bias, tiles, scale, dropout)  # (B, H, Lq, dv), (B, H, Lq)
         ctx.save_for_backward(q_rev, key, value, values, out, lse)
         ctx.tiles, ctx.scale, ctx.dropout = tiles, scale, dropout
         return out
@@ -146,15 +161,20 @@ class _TiledAttention(torch.autograd.Function):
 def _flash_backward(ctx, grad_out):
     """No dropout, no bias gradient: SDPA's own CPU flash backward, tile by tile, from the saved logsumexp."""
     q, k, v, values, out, lse = ctx.saved_tensors
-    query_length = q.shape[2]
     bias = values.detach().to(accumulate_dtype(q.dtype))
+    return tile_flash_gradients(q, k, v, bias, out, lse, grad_out.contiguous(), ctx.tiles, ctx.scale)
+
+
+def tile_flash_gradients(q, k, v, bias, out, lse, grad_out, tiles, scale):
+    """dq, dk, dv (the inputs' dtype) over ``tiles`` by SDPA's CPU flash backward, rows reversed as in
+    :func:`tile_gradients` (no dropout, no bias gradient); ``out`` in the inputs' dtype."""
+    query_length = q.shape[2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    grad_out = grad_out.contiguous()
-    for tile in ctx.tiles:
+    for tile in tiles:
         (b0, b1, k0, k1), (a0, a1) = (tile.b0, tile.b1, tile.k0, tile.k1), _reversed_rows(tile, query_length)
         qt, kt, vt = _tile_inputs(q, k, v, tile)
         gq, gk, gv = _flash_backward_op(
-            grad_out[b0:b1, :, a0:a1], qt, kt, vt, out[b0:b1, :, a0:a1], lse[b0:b1, :, a0:a1], False, ctx.scale,
+            grad_out[b0:b1, :, a0:a1], qt, kt, vt, out[b0:b1, :, a0:a1], lse[b0:b1, :, a0:a1], False, scale,
             attn_mask=tile_bias(bias, tile, query_length),
         )  # (b, H, R, d), (b, H, K, d), (b, H, K, dv)
         dq[b0:b1, :, a0:a1] = gq
@@ -166,14 +186,29 @@ def _flash_backward(ctx, grad_out):
 def _blockwise_backward(ctx, grad_out):
     """With dropout or a bias gradient: every gradient block by block (the formulas in the module docstring)."""
     q, k, v, values, out, lse = ctx.saved_tensors
+    dq, dk, dv, dvalues = tile_gradients(
+        q, k, v, values.detach(), out, lse, grad_out, ctx.tiles, ctx.scale, ctx.dropout, bias_grad=ctx.needs_input_grad[3]
+    )
+    grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dvalues is None else dvalues.to(values.dtype))
+    return (*grads, None, None, None)
+
+
+def tile_gradients(q, k, v, values, out, lse, grad_out, tiles, scale, dropout=None, *, bias_grad: bool):
+    """dq, dk, dv and (``bias_grad``) the per-offset values' gradient of attention over ``tiles``, block by block.
+
+    Every tensor's query rows are reversed, as :func:`tile_forward` returns them; ``out`` and ``lse`` are the
+    forward's (or, for one part of a longer key sequence, the whole sequence's merged output and logsumexp:
+    the gradients are then this part's share). Returns the four in the accumulation dtype (dvalues None
+    without ``bias_grad``); rows no tile covers get no gradient.
+    """
     heads, query_length, key_length = q.shape[1], q.shape[2], k.shape[2]
     acc = accumulate_dtype(q.dtype)
-    bias = values.detach().to(acc)
+    bias = values.to(acc)
     lse = _finite_lse(lse.to(acc))
     dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
-    dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if ctx.needs_input_grad[3] else None
-    shared, scale = values.shape[0] == 1, ctx.scale
-    for tile in ctx.tiles:
+    dvalues = torch.zeros(values.shape, dtype=acc, device=values.device) if bias_grad else None
+    shared = values.shape[0] == 1
+    for tile in tiles:
         b0, b1, r0, r1, k0, k1 = tile
         a0, a1 = _reversed_rows(tile, query_length)
         mask = tile_bias(bias, tile, query_length)[0]  # (Hb, R, K) view
@@ -192,8 +227,8 @@ def _blockwise_backward(ctx, grad_out):
                 p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
                 p.sub_(lt[:, a:c]).exp_()  # probabilities
                 dp = torch.bmm(gb, vb.transpose(1, 2))  # (H, R', K) dO v^T
-                if ctx.dropout is not None:
-                    z = _dropout_scale(ctx.dropout, b, tile, a, c, heads, key_length, acc, q.device)
+                if dropout is not None:
+                    z = _dropout_scale(dropout, b, tile, a, c, heads, key_length, acc, q.device)
                     dp.mul_(z)
                     dvb.baddbmm_(p.mul(z).transpose(1, 2), gb)
                 else:
@@ -207,13 +242,7 @@ def _blockwise_backward(ctx, grad_out):
             dq[b, :, a0:a1] = dqt
             dk[b, :, k0:k1] += dkb
             dv[b, :, k0:k1] += dvb
-    grads = (
-        dq.mul_(scale).to(q.dtype),
-        dk.mul_(scale).to(k.dtype),
-        dv.to(v.dtype),
-        None if dvalues is None else dvalues.to(values.dtype),
-    )
-    return (*grads, None, None, None)
+    return dq.mul_(scale), dk.mul_(scale), dv, dvalues
 
 
 class _Flash(torch.autograd.Function):

@@ -232,11 +232,17 @@ class RotaryEmbedding(nn.Module):
         base = self.base * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))
         return _default_inv_freq(base, dim, self.inv_freq.device)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 ``(L, d)`` cos and sin for integer positions ``(L,)``, in this module's layout (YaRN-scaled)."""
+    def cos_sin(self, positions: torch.Tensor, *, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 ``(L, d)`` cos and sin for integer positions ``(L,)``, in this module's layout (YaRN-scaled).
+
+        ``length``: the length of the sequence the positions belong to, for dynamic NTK scaling (default: the
+        last position + 1; a shard of a longer sequence passes the whole length).
+        """
         inv_freq = self.inv_freq
         if self.scaling is not None and self.scaling["rope_type"] == "dynamic":  # the only length-dependent one
-            inv_freq = self.frequencies(int(positions.max()) + 1 if positions.numel() else 0)
+            if length is None:
+                length = int(positions.max()) + 1 if positions.numel() else 0
+            inv_freq = self.frequencies(length)
         angles = positions.float()[:, None] * inv_freq.float()[None, :]  # (L, d/2)
         if self.interleaved:
             angles = angles.repeat_interleave(2, dim=-1)  # (L, d): c0 c0 c1 c1 ...
@@ -254,8 +260,11 @@ class RotaryEmbedding(nn.Module):
             raise TypeError(f"x must be a floating tensor, got {x.dtype}: rotating integers would truncate the result")
         if self.inv_freq.device != x.device:
             raise ValueError(f"x is on {x.device} but this RotaryEmbedding is on {self.inv_freq.device}; move it with .to(x.device)")
-        positions = torch.arange(start, start + x.shape[-2], device=x.device)
-        cos, sin = self.cos_sin(positions)  # (L, d) each
+        return self.rotate_positions(x, torch.arange(start, start + x.shape[-2], device=x.device))
+
+    def rotate_positions(self, x: torch.Tensor, positions: torch.Tensor, *, length: int | None = None) -> torch.Tensor:
+        """Rotate ``x (..., L, d)`` as the integer ``positions (L,)`` of a sequence of ``length`` (see :meth:`cos_sin`)."""
+        cos, sin = self.cos_sin(positions, length=length)  # (L, d) each
         return apply_rotation(x, cos, sin, interleaved=self.interleaved)  # (..., L, d)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, *, q_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

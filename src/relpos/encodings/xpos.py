@@ -81,8 +81,13 @@ class XPos(nn.Module):
             raise ValueError(f"x must be (..., L, head_dim={self.head_dim}), got {tuple(x.shape)}")
         if not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating tensor, got {x.dtype}")
-        positions = torch.arange(start, start + x.shape[-2], device=x.device)  # (L,)
-        cos, sin = self.rotary.cos_sin(positions)  # (L, d) each
+        return self.rotate_positions(x, torch.arange(start, start + x.shape[-2], device=x.device), downscale=downscale)
+
+    def rotate_positions(
+        self, x: torch.Tensor, positions: torch.Tensor, *, length: int | None = None, downscale: bool = False
+    ) -> torch.Tensor:
+        """Rotate and scale ``x (..., L, d)`` as the integer ``positions (L,)``; ``length`` as in RoPE's ``cos_sin``."""
+        cos, sin = self.rotary.cos_sin(positions, length=length)  # (L, d) each
         scale = self.scale(-positions if downscale else positions)  # (L, d)
         return apply_rotation(x, cos * scale, sin * scale, interleaved=True)  # (..., L, d)
 

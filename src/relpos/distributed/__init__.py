@@ -1,0 +1,13 @@
+"""Context parallelism: attention over a sequence sharded along its length across ``torch.distributed`` ranks.
+
+``import relpos.distributed`` (``import relpos`` does not import it). See docs/distributed.md.
+"""
+
+from ._comm import DistributedMismatchError, RingTimeoutError
+from .layout import LAYOUTS, Layout, global_positions, shard, unshard
+from .ring import PIECE_ROWS, ring_attention
+
+__all__ = [
+    "LAYOUTS", "PIECE_ROWS", "DistributedMismatchError", "Layout", "RingTimeoutError", "global_positions",
+    "ring_attention", "shard", "unshard",
+]

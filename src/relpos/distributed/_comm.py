@@ -1,0 +1,99 @@
+"""The ring: point-to-point messages to the next rank, from the previous one, each wait bounded by a timeout.
+
+Every rank runs the same schedule, so the n-th message with a given tag from rank ``r - 1`` is the n-th
+receive with that tag on rank ``r`` (gloo and NCCL both match in order per tag).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedMismatchError", "Ring", "RingTimeoutError"]
+
+TAG_KV, TAG_GRAD, TAG_FINAL = 11, 12, 13  # keys/values forward, their gradient accumulators, the last hop home
+
+
+class RingTimeoutError(RuntimeError):
+    """A rank waited longer than ``timeout`` for another rank (it stopped, or runs a different schedule)."""
+
+
+class DistributedMismatchError(ValueError):
+    """The ranks of a group called with arguments that disagree; raised on every rank, naming what differs."""
+
+
+class Ring:
+    """The ranks of ``group`` in a ring: ``send`` goes to the next, ``recv`` comes from the previous."""
+
+    def __init__(self, group, timeout: float) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size) if group is not None else (self.rank + 1) % self.size
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size) if group is not None else (self.rank - 1) % self.size
+        self.timeout = timeout
+
+    def send(self, tensors: tuple[torch.Tensor, ...], tag: int) -> list:
+        """Start sending ``tensors`` (contiguous) to the next rank; wait on the result with :meth:`wait`."""
+        return [dist.isend(t, self.next, group=self.group, tag=tag) for t in tensors]
+
+    def recv(self, like: tuple[torch.Tensor, ...], tag: int) -> tuple[tuple[torch.Tensor, ...], list]:
+        """Start receiving tensors shaped like ``like`` from the previous rank: (buffers, pending works)."""
+        buffers = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in like)
+        return buffers, [dist.irecv(b, self.prev, group=self.group, tag=tag) for b in buffers]
+
+    def wait(self, works: list, what: str) -> None:
+        for work in works:
+            try:
+                work.wait(timedelta(seconds=self.timeout))
+            except RuntimeError as error:
+                raise RingTimeoutError(
+                    f"rank {self.rank} of {self.size} waited more than timeout={self.timeout:g}s for {what}: "
+                    "another rank stopped, called with other arguments or runs slower than the timeout allows "
+                    f"(raise timeout=). Cause: {error}"
+                ) from error
+
+    def travel(self, tensors: tuple[torch.Tensor, ...], tag: int, what: str):
+        """Yield ``(src, tensors)`` for every rank's piece in turn, own first; each piece is passed on to the
+        next rank (and the next one received) while the caller works on it."""
+        current = tensors
+        for step in range(self.size):
+            last = step == self.size - 1
+            works = [] if last else self.send(current, tag)
+            received, recv_works = ((), []) if last else self.recv(current, tag)
+            yield (self.rank - step) % self.size, current
+            self.wait(works + recv_works, f"{what} of rank {(self.rank - step - 1) % self.size}")
+            current = received
+
+    def all_gather(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """(P, *tensor.shape): every rank's ``tensor``, the wait bounded by the timeout."""
+        out = tensor.new_empty((self.size * tensor.shape[0], *tensor.shape[1:]))  # (P * n, ...): gloo's layout
+        work = dist.all_gather_into_tensor(out, tensor.contiguous(), group=self.group, async_op=True)
+        self.wait([work], what)
+        return out.unflatten(0, (self.size, tensor.shape[0]))
+
+    def agree(self, fields: dict[str, object], device: torch.device) -> None:
+        """Raise :class:`DistributedMismatchError` on every rank unless every rank passed equal ``fields``.
+
+        One bounded all-gather of a hash; only when the hashes differ are the fields themselves gathered to
+        name what differs.
+        """
+        digest = hashlib.sha256(repr(sorted(fields.items())).encode()).digest()[:16]
+        mine = torch.tensor(list(digest), dtype=torch.int64, device=device)  # (16,)
+        hashes = self.all_gather(mine, "every rank to reach this attention call")
+        if bool((hashes == hashes[0]).all()):
+            return
+        gathered: list = [None] * self.size
+        dist.all_gather_object(gathered, fields, group=self.group)
+        lines = [
+            f"{key}: " + ", ".join(f"rank {r} {gathered[r][key]!r}" for r in range(self.size))
+            for key in fields
+            if any(g[key] != gathered[0][key] for g in gathered)
+        ]
+        raise DistributedMismatchError(
+            "the ranks of the group called context-parallel attention with different arguments; every rank must pass "
+            "the same shapes, dtype, settings and position term (its parameters synchronized):\n  " + "\n  ".join(lines)
+        )
