@@ -5,9 +5,10 @@
 
 from ._comm import DistributedMismatchError, RingTimeoutError
 from .layout import LAYOUTS, Layout, global_positions, shard, unshard
+from .layers import ContextParallel, all_reduce_grads, context_parallel
 from .ring import PIECE_ROWS, ring_attention
 
 __all__ = [
-    "LAYOUTS", "PIECE_ROWS", "DistributedMismatchError", "Layout", "RingTimeoutError", "global_positions",
-    "ring_attention", "shard", "unshard",
+    "LAYOUTS", "PIECE_ROWS", "ContextParallel", "DistributedMismatchError", "Layout", "RingTimeoutError",
+    "all_reduce_grads", "context_parallel", "global_positions", "ring_attention", "shard", "unshard",
 ]

@@ -259,8 +259,6 @@ def ring_attention(
 
 def _validate(query, key, value, bias, rotary, causal, key_mask, scale, layout, group, timeout):
     _check_qkv(query, key, value)
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("relpos.distributed needs torch.distributed initialized: call torch.distributed.init_process_group first")
     check_bool("causal", causal)
     scale = check_scale("scale", scale)
     layout = check_choice("layout", layout, LAYOUTS)
@@ -285,6 +283,8 @@ def _validate(query, key, value, bias, rotary, causal, key_mask, scale, layout, 
             f"bias must be a relpos bias module or an OffsetBias (per-offset values over the whole sequence), got "
             f"{type(bias).__name__}; a dense (B, H, L, L) tensor cannot be sharded by offset"
         )
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("relpos.distributed needs torch.distributed initialized: call torch.distributed.init_process_group first")
     ring = Ring(group, timeout)
     return ring, layout, scale, ring.size * query.shape[2]
 
