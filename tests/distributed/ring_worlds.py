@@ -37,6 +37,7 @@ class Case:
     dtype: torch.dtype = torch.float64
     length: int = 48  # tokens in the whole sequence; a multiple of 2 x world size
     piece: int = 5  # relpos.distributed.PIECE_ROWS inside the case (small: many pieces, partial blocks)
+    query_rows: int = 7  # relpos.distributed.ring.QUERY_ROWS: query blocks that straddle key pieces
     seed: int = 0
 
 
@@ -56,9 +57,10 @@ CASES = [
     Case("rope_dynamic", "rope_dynamic", False, "contiguous"),
     Case("xpos_causal", "xpos", True, "contiguous"),
     Case("none_causal_padded", "none", True, "zigzag", padded=True),
-    Case("t5_one_piece", "t5", True, "contiguous", piece=4096),
+    Case("t5_one_piece", "t5", True, "contiguous", piece=4096, query_rows=4096),
+    Case("t5_query_pieces_smaller", "t5_causal", True, "zigzag", padded=True, piece=7, query_rows=3),
     Case("t5_fp32", "t5_causal", True, "zigzag", padded=True, dtype=torch.float32),
-    Case("t5_real_size", "t5_causal", True, "zigzag", padded=True, length=1024, piece=300),
+    Case("t5_real_size", "t5_causal", True, "zigzag", padded=True, length=1024, piece=300, query_rows=200),
 ]
 FOUR = ["t5_causal_zigzag_padded", "alibi_causal_zigzag_gqa", "kerple_zigzag", "rope_causal_zigzag", "t5"]
 
@@ -127,7 +129,7 @@ def split(position):
 
 
 def run_case(case: Case, rank: int, world: int) -> dict:
-    ring_module.PIECE_ROWS = case.piece
+    ring_module.PIECE_ROWS, ring_module.QUERY_ROWS = case.piece, case.query_rows
     q, k, v, keep, grad = inputs(case)
     position = position_module(case.position, case.dtype, case.seed)
     bias, rotary = split(position)
@@ -191,7 +193,7 @@ def layer_inputs(causal: bool):
 
 def _layer_job(causal: bool, layout: str):
     def job(rank: int, world: int) -> dict:
-        ring_module.PIECE_ROWS = 6
+        ring_module.PIECE_ROWS, ring_module.QUERY_ROWS = 6, 4
         stack, x, keep, w = layer_inputs(causal)
         part = lambda t: rd.shard(t, 1, rank, world, layout)  # noqa: E731
         with rd.context_parallel(stack, layout=layout, timeout=TIMEOUT):
@@ -246,10 +248,11 @@ def _mask_holes(rank, world):
 
 
 def _timeout(rank, world):
-    if rank == 1:
-        return {"raised": "did not call"}  # rank 1 never joins: rank 0 must give up after its timeout
     import time
 
+    if rank == 1:  # rank 1 never joins (but stays alive, so rank 0's wait ends by its timeout, not a closed socket)
+        time.sleep(6.0)
+        return {"raised": "did not call"}
     start = time.monotonic()
     result = _expect_error(lambda: _small(rank, world, timeout=2.0))
     return {**result, "seconds": time.monotonic() - start}

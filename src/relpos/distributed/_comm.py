@@ -7,6 +7,7 @@ receive with that tag on rank ``r`` (gloo and NCCL both match in order per tag).
 from __future__ import annotations
 
 import hashlib
+import pickle
 from datetime import timedelta
 
 import torch
@@ -40,9 +41,9 @@ class Ring:
         """Start sending ``tensors`` (contiguous) to the next rank; wait on the result with :meth:`wait`."""
         return [dist.isend(t, self.next, group=self.group, tag=tag) for t in tensors]
 
-    def recv(self, like: tuple[torch.Tensor, ...], tag: int) -> tuple[tuple[torch.Tensor, ...], list]:
-        """Start receiving tensors shaped like ``like`` from the previous rank: (buffers, pending works)."""
-        buffers = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in like)
+    def recv(self, shapes, dtype: torch.dtype, device: torch.device, tag: int) -> tuple[tuple[torch.Tensor, ...], list]:
+        """Start receiving tensors of ``shapes`` from the previous rank: (new buffers, pending works)."""
+        buffers = tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes)
         return buffers, [dist.irecv(b, self.prev, group=self.group, tag=tag) for b in buffers]
 
     def wait(self, works: list, what: str) -> None:
@@ -63,7 +64,7 @@ class Ring:
         for step in range(self.size):
             last = step == self.size - 1
             works = [] if last else self.send(current, tag)
-            received, recv_works = ((), []) if last else self.recv(current, tag)
+            received, recv_works = ((), []) if last else self.recv([t.shape for t in current], current[0].dtype, current[0].device, tag)
             yield (self.rank - step) % self.size, current
             self.wait(works + recv_works, f"{what} of rank {(self.rank - step - 1) % self.size}")
             current = received
@@ -75,19 +76,27 @@ class Ring:
         self.wait([work], what)
         return out.unflatten(0, (self.size, tensor.shape[0]))
 
+    def _gather_objects(self, obj, device: torch.device) -> list:
+        """Every rank's picklable ``obj``, through two bounded all-gathers (sizes, then padded bytes)."""
+        data = torch.tensor(list(pickle.dumps(obj)), dtype=torch.uint8, device=device)  # (n,)
+        sizes = self.all_gather(torch.tensor([data.numel()], dtype=torch.int64, device=device), "every rank's arguments")
+        padded = torch.zeros(int(sizes.max()), dtype=torch.uint8, device=device)
+        padded[: data.numel()] = data
+        every = self.all_gather(padded, "every rank's arguments").cpu()  # (P, longest)
+        return [pickle.loads(bytes(every[r, : int(sizes[r, 0])].tolist())) for r in range(self.size)]
+
     def agree(self, fields: dict[str, object], device: torch.device) -> None:
         """Raise :class:`DistributedMismatchError` on every rank unless every rank passed equal ``fields``.
 
-        One bounded all-gather of a hash; only when the hashes differ are the fields themselves gathered to
-        name what differs.
+        One bounded all-gather of a hash; only when the hashes differ are the fields themselves gathered (bounded
+        too) to name what differs.
         """
         digest = hashlib.sha256(repr(sorted(fields.items())).encode()).digest()[:16]
         mine = torch.tensor(list(digest), dtype=torch.int64, device=device)  # (16,)
         hashes = self.all_gather(mine, "every rank to reach this attention call")
         if bool((hashes == hashes[0]).all()):
             return
-        gathered: list = [None] * self.size
-        dist.all_gather_object(gathered, fields, group=self.group)
+        gathered = self._gather_objects(fields, device)
         lines = [
             f"{key}: " + ", ".join(f"rank {r} {gathered[r][key]!r}" for r in range(self.size))
             for key in fields

@@ -36,11 +36,12 @@ from ..encodings.xpos import XPos
 from ._comm import TAG_FINAL, TAG_GRAD, TAG_KV, DistributedMismatchError, Ring
 from .layout import LAYOUTS, Layout, Segment, global_positions, pieces, segments
 
-__all__ = ["PIECE_ROWS", "ring_attention"]
+__all__ = ["PIECE_ROWS", "QUERY_ROWS", "ring_attention"]
 
-#: Tokens per key/value message and per attention block. 2048 x 2048 blocks keep the CPU flash kernel at its
-#: whole-sequence speed (docs/distributed.md) while a rank holds only two pieces in flight.
+#: Tokens per key/value piece (each message, and the keys of each attention block): a rank holds two pieces in
+#: flight. QUERY_ROWS: query rows per attention block. Measured on 2 CPU processes at L = 16384 (docs/distributed.md).
 PIECE_ROWS = 2048
+QUERY_ROWS = 2048
 
 DEFAULT_TIMEOUT = 300.0  # seconds any rank waits for another before raising RingTimeoutError
 
@@ -63,7 +64,8 @@ class _Plan:
     length: int  # L, the whole sequence
     causal: bool
     scale: float
-    own: tuple[Segment, ...]  # this rank's pieces, queries and keys alike
+    own: tuple[Segment, ...]  # this rank's key/value pieces
+    queries: tuple[Segment, ...]  # this rank's query rows, in blocks
     theirs: tuple[tuple[Segment, ...], ...]  # theirs[src]: rank src's pieces
     ranges: tuple | None  # ranges[src][m][b]: (start, end) of example b's real keys in piece m of rank src
     groups: int  # query heads per key/value head
@@ -72,7 +74,7 @@ class _Plan:
         """The non-empty blocks of this rank's query pieces against piece ``m`` of rank ``src``."""
         key = self.theirs[src][m]
         ranges = None if self.ranges is None else self.ranges[src][m]
-        for qp in self.own:
+        for qp in self.queries:
             block = self._block(qp, key, ranges, bias, batch, acc, device)
             if block is not None and block.tiles:
                 yield block
@@ -108,7 +110,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, m: torch.Tenso
     m = m.masked_fill(m == float("inf"), float("-inf"))  # rows no tile covered: no contribution
     new = torch.logaddexp(lse, m)  # (B, H, R)
     safe = new.masked_fill(new == float("-inf"), 0.0)  # rows with nothing at all yet: both weights 0
-    out.mul_((lse - safe).exp_()[..., None]).add_(o.to(out.dtype) * (m - safe).exp_()[..., None])
+    out.mul_((lse - safe).exp_()[..., None]).addcmul_(o.to(out.dtype), (m - safe).exp_()[..., None])
     lse.copy_(new)
 
 
@@ -151,13 +153,11 @@ def _backward(plan: _Plan, q, k, v, bias, out, lse, grad_out, bias_grad: bool):
     dvalues = torch.zeros_like(bias) if bias_grad else None  # (Hb, 2L - 1)
     grad_out = grad_out.contiguous()
     for m, seg in enumerate(plan.own):
-        mine = (_own_piece(k, seg), _own_piece(v, seg))
-        like = tuple(torch.empty(t.shape, dtype=acc, device=q.device) for t in mine)
-        home, home_works = ring.recv(like, TAG_FINAL) if ring.size > 1 else (None, [])  # this piece's dk, dv
-        sends: list = []
-        for step, (src, (kp, vp)) in enumerate(ring.travel(mine, TAG_KV, "keys and values")):
-            carried, carried_works = ring.recv(like, TAG_GRAD) if step else (None, [])
-            gk, gv = (torch.zeros_like(t) for t in like)  # (B, Hkv, nk, d): this rank's share for the piece
+        shapes = [(*k.shape[:2], seg.length, k.shape[3]), (*v.shape[:2], seg.length, v.shape[3])]  # dk, dv of the piece
+        home, sends = None, []
+        travel = ring.travel((_own_piece(k, seg), _own_piece(v, seg)), TAG_KV, "keys and values")
+        for step, (src, (kp, vp)) in enumerate(travel):
+            gk, gv = (torch.zeros(shape, dtype=acc, device=q.device) for shape in shapes)  # this rank's share
             kh, vh = _repeat(kp, plan.groups), _repeat(vp, plan.groups)
             for blk in plan.blocks(src, m, bias, q.shape[0], acc, q.device):
                 bq, bk, bv, bvalues = _block_gradients(plan, q, kh, vh, blk, out, lse, grad_out, bias_grad)
@@ -166,7 +166,8 @@ def _backward(plan: _Plan, q, k, v, bias, out, lse, grad_out, bias_grad: bool):
                 gv += _fold(bv, plan.groups)
                 if dvalues is not None:
                     dvalues[:, blk.u0 : blk.u0 + blk.values.shape[1]] += bvalues
-            if step:
+            if step:  # the sums so far, from the previous rank (received after the work: no buffer held during it)
+                carried, carried_works = ring.recv(shapes, acc, q.device, TAG_GRAD)
                 ring.wait(carried_works, f"the key gradients of rank {src}'s piece {m}")
                 gk, gv = gk.add_(carried[0]), gv.add_(carried[1])
             ring.wait(sends, "the previous key gradients to be received")
@@ -174,7 +175,9 @@ def _backward(plan: _Plan, q, k, v, bias, out, lse, grad_out, bias_grad: bool):
                 home = (gk, gv)
             else:
                 sends = ring.send((gk, gv), TAG_GRAD if step < ring.size - 1 else TAG_FINAL)
-        ring.wait(sends + home_works, f"the gradients of this rank's key piece {m} to come home")
+        if ring.size > 1:  # the finished sums come home from the previous rank (posted late: no buffer held meanwhile)
+            home, home_works = ring.recv(shapes, acc, q.device, TAG_FINAL)
+            ring.wait(sends + home_works, f"the gradients of this rank's key piece {m} to come home")
         dk[:, :, seg.local : seg.local + seg.length] = home[0]
         dv[:, :, seg.local : seg.local + seg.length] = home[1]
     return dq, dk, dv, dvalues
@@ -244,14 +247,15 @@ def ring_attention(
     ring, layout, scale, length = plan_inputs
     query, key = _rotate(rotary, query, key, ring, layout, length)
     values = _values(bias, length, query, causal)  # (Hb, 2L - 1) or None
-    own = pieces(segments(ring.rank, ring.size, query.shape[2], layout), PIECE_ROWS)
+    mine = segments(ring.rank, ring.size, query.shape[2], layout)
+    own = pieces(mine, PIECE_ROWS)
     problem = _mask_problem(key_mask, own)
     ring.agree(_fields(query, key, value, values, rotary, causal, key_mask, scale, layout, ring, problem), query.device)
     if problem:
         raise ValueError(problem)
     theirs = tuple(pieces(segments(r, ring.size, query.shape[2], layout), PIECE_ROWS) for r in range(ring.size))
     plan = _Plan(
-        ring, length, causal, 1.0 / query.shape[-1] ** 0.5 if scale is None else scale, own, theirs,
+        ring, length, causal, 1.0 / query.shape[-1] ** 0.5 if scale is None else scale, own, pieces(mine, QUERY_ROWS), theirs,
         _gather_ranges(ring, key_mask, own), query.shape[1] // key.shape[1],
     )
     return _RingAttention.apply(query, key, value, values, plan)

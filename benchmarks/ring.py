@@ -1,0 +1,199 @@
+"""Context-parallel (ring) attention on 2 CPU processes against one process computing the whole attention.
+
+    python benchmarks/ring.py --json docs/bench-ring.json --markdown docs/bench-ring.md
+
+Two gloo processes with one thread each. In every round, in alternating order: rank 0 alone runs
+``relpos.attention`` over the whole sequence (one thread; rank 1 waits at a barrier), then both ranks run
+``relpos.distributed.ring_attention`` over their halves. Forward (no gradient) and a training step (forward +
+backward into q, k, v and T5's bias table). Time: wall time between barriers, median over rounds. Memory: the
+resident set sampled every millisecond during the call, above what it was just before (the call's own
+allocations; glibc set to return freed blocks at once), plus the inputs the process holds (q, k, v; in
+training their gradients too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import relpos
+import relpos.distributed as rd
+from relpos._io import write_text
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class PeakRSS:
+    """The largest resident set seen while the block runs, sampled every millisecond by a thread."""
+
+    def __enter__(self):
+        self.start = self.peak = rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def _inputs(length: int, args, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(args.batch, args.heads, length, args.dim, generator=g) for _ in range(3)]
+
+
+def _bias(args):
+    torch.manual_seed(0)
+    return relpos.T5RelativeBias(args.heads, 32, 128, bidirectional=not args.causal)
+
+
+def _run(fn, q, k, v, bias, train: bool) -> None:
+    if not train:
+        with torch.no_grad():
+            fn(q, k, v, bias)
+        return
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    bias.zero_grad()
+    fn(q, k, v, bias).sum().backward()
+
+
+def _measure(fn, q, k, v, bias, train: bool) -> tuple[float, int]:
+    dist.barrier()
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        _run(fn, q, k, v, bias, train)
+        seconds = time.perf_counter() - start
+    dist.barrier()
+    held = sum(t.numel() * t.element_size() for t in (q, k, v)) * (2 if train else 1)  # inputs (and their gradients)
+    return seconds, mem.extra + held
+
+
+def _worker(rank: int, world: int, directory: str, args) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    layout = "zigzag" if args.causal else "contiguous"
+    bias = _bias(args)
+    one = lambda q, k, v, b: relpos.attention(q, k, v, bias=b, causal=args.causal, scale=1.0)  # noqa: E731
+    sharded = lambda q, k, v, b: rd.ring_attention(q, k, v, bias=b, causal=args.causal, scale=1.0, layout=layout, timeout=3600)  # noqa: E731
+    rows = []
+    for length in args.lengths:
+        full = _inputs(length, args)
+        part = [rd.shard(t, 2, rank, world, layout).contiguous() for t in full]
+        for train in (False, True):
+            _run(sharded, *[t[:, :, :256] for t in part], bias, train)  # warm up both paths at a small size
+            samples = {"one process": [], "ring": []}
+            for r in range(args.rounds):
+                order = ("one process", "ring") if r % 2 == 0 else ("ring", "one process")
+                for variant in order:
+                    if variant == "ring":
+                        samples[variant].append(_measure(sharded, *part, bias, train))
+                    elif rank == 0:
+                        samples[variant].append(_measure(one, *full, bias, train))
+                    else:  # rank 1 only keeps step with rank 0's barriers
+                        dist.barrier()
+                        dist.barrier()
+                if rank == 0:
+                    print(f"L={length} {'training step' if train else 'forward'} round {r + 1}/{args.rounds}", flush=True)
+            rows.append({"length": length, "train": train, "rank": rank, "samples": samples})
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        with open(f"{directory}/rows.json", "w") as f:
+            json.dump([row for ranks in gathered for row in ranks], f)
+    dist.destroy_process_group()
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One line per (length, mode): medians, the ring's slowest rank, ratios and memory."""
+    out = []
+    for length in sorted({r["length"] for r in rows}):
+        for train in (False, True):
+            mine = [r for r in rows if r["length"] == length and r["train"] == train]
+            one = next(r for r in mine if r["rank"] == 0)["samples"]["one process"]
+            ring_by_round = list(zip(*[r["samples"]["ring"] for r in mine]))  # per round: every rank's (s, bytes)
+            ring_time = statistics.median(max(s for s, _ in ranks) for ranks in ring_by_round)
+            ring_mem = max(b for ranks in ring_by_round for _, b in ranks)
+            one_time, one_mem = statistics.median(s for s, _ in one), max(b for _, b in one)
+            out.append({
+                "length": length, "mode": "training step" if train else "forward",
+                "one_process_s": one_time, "ring_s": ring_time, "time_ratio": ring_time / one_time,
+                "one_process_peak_mib": one_mem / 2**20, "ring_rank_peak_mib": ring_mem / 2**20, "memory_ratio": ring_mem / one_mem,
+            })
+    return out
+
+
+def markdown(summary: list[dict], args, machine: str) -> str:
+    lines = [
+        f"B = {args.batch}, H = {args.heads}, d = {args.dim}, fp32, T5 bias ({'causal, zigzag layout' if args.causal else 'bidirectional, contiguous layout'}), "
+        f"2 gloo processes x 1 thread against 1 process x 1 thread; {args.rounds} rounds interleaved; {machine}.",
+        "",
+        "| L | mode | one process (s) | ring, 2 processes (s) | ring / one | one-process peak (MiB) | ring per-rank peak (MiB) | ring / one |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['length']} | {s['mode']} | {s['one_process_s']:.2f} | {s['ring_s']:.2f} | {s['time_ratio']:.2f} | "
+            f"{s['one_process_peak_mib']:.0f} | {s['ring_rank_peak_mib']:.0f} | {s['memory_ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="whole-sequence lengths")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per length and mode")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--causal", action="store_true", help="causal attention, zigzag layout")
+    p.add_argument("--json", help="write the raw samples and the summary here")
+    p.add_argument("--markdown", help="write the summary table here")
+    args = p.parse_args(argv)
+    directory = tempfile.mkdtemp(prefix="relpos-bench-ring-")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # glibc then maps every allocation above 128 KiB on its own and unmaps it on free, so the resident set
+    # follows live memory instead of keeping freed heap pages (read by the workers' allocator at start)
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    mp.spawn(_worker, args=(2, directory, args), nprocs=2, join=True)
+    with open(f"{directory}/rows.json") as f:
+        rows = json.load(f)
+    summary = summarize(rows)
+    machine = f"{os.cpu_count()} CPU cores, torch {torch.__version__}"
+    table = markdown(summary, args, machine)
+    print(table)
+    command = "python benchmarks/ring.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.json:
+        write_text(args.json, json.dumps({"command": command, "machine": machine, "summary": summary, "rows": rows}, indent=1))
+    if args.markdown:
+        write_text(args.markdown, f"Command: `{command}`\n\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
