@@ -7,8 +7,8 @@ Two gloo processes with one thread each. In every round, in alternating order: r
 ``relpos.distributed.ring_attention`` over their halves. Forward (no gradient) and a training step (forward +
 backward into q, k, v and T5's bias table). Time: wall time between barriers, median over rounds. Memory: the
 resident set sampled every millisecond during the call, above what it was just before (the call's own
-allocations; glibc set to return freed blocks at once), plus the inputs the process holds (q, k, v; in
-training their gradients too).
+allocations, the gradients of q, k and v included; glibc set to return freed blocks at once), plus the
+inputs the process holds (q, k, v).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _measure(fn, q, k, v, bias, train: bool) -> tuple[float, int]:
         _run(fn, q, k, v, bias, train)
         seconds = time.perf_counter() - start
     dist.barrier()
-    held = sum(t.numel() * t.element_size() for t in (q, k, v)) * (2 if train else 1)  # inputs (and their gradients)
+    held = sum(t.numel() * t.element_size() for t in (q, k, v))  # the inputs (their gradients are allocated in the call)
     return seconds, mem.extra + held
 
 

@@ -29,6 +29,11 @@ from ci_env import in_ci
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; may skip under CI=true when there is none")
     config.addinivalue_line("markers", "timm: runs timm itself; may skip under CI=true where timm does not import")
+    config.addinivalue_line(
+        "markers",
+        "newest_transformers: uses an API or internal of the newest supported transformers release that the oldest "
+        "one lacks (the oldest-release run deselects it with -m 'not newest_transformers'; see docs/testing.md)",
+    )
 
 
 def timm_available() -> bool:

@@ -17,6 +17,7 @@ import hf_checks  # noqa: E402
 import relpos.hf as rh  # noqa: E402
 import relpos.hf.alibi as hf_alibi  # noqa: E402
 from relpos import OffsetBias  # noqa: E402
+from oracles import paper_slopes  # noqa: E402
 from transformers.models.bloom import modeling_bloom  # noqa: E402
 from transformers.models.falcon import modeling_falcon  # noqa: E402
 from transformers.models.mpt import modeling_mpt  # noqa: E402
@@ -110,7 +111,9 @@ def zero_alibi(monkeypatch):
     """transformers' own models with their ALiBi builders returning zeros (no relpos involved)."""
     monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
         mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype))
-    monkeypatch.setattr(modeling_bloom, "_get_alibi_slopes", lambda heads, device: torch.zeros(heads, device=device))
+    monkeypatch.setattr(  # transformers 5.15 has no such helper (its builder computes the slopes inline)
+        modeling_bloom, "_get_alibi_slopes", lambda heads, device: torch.zeros(heads, device=device), raising=False
+    )
     monkeypatch.setattr(modeling_mpt.MptModel, "build_mpt_alibi_tensor", lambda self, heads, length, *a, device=None: torch.zeros(
         heads, 1, length, device=device))
     monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
@@ -174,11 +177,14 @@ def test_mpt_fits_either_name_of_the_cache_argument(name, monkeypatch):
     accepted, the cache reaches relpos's forward under either keyword, and decoding equals one full pass."""
     import inspect
 
-    def forward(self, hidden_states, position_bias, past_key_values=None, attention_mask=None, **kwargs):
+    def old(self, hidden_states, position_bias, past_key_values=None, attention_mask=None, **kwargs):
         raise AssertionError("transformers' forward must not run on the accelerated model")
 
-    if name == "past_key_values":  # the <= 5.23 signature, whatever transformers is installed
-        monkeypatch.setattr(modeling_mpt.MptAttention, "forward", forward)
+    def new(self, hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
+        raise AssertionError("transformers' forward must not run on the accelerated model")
+
+    # the <= 5.23 or the 5.24 signature, whatever transformers is installed
+    monkeypatch.setattr(modeling_mpt.MptAttention, "forward", old if name == "past_key_values" else new)
     assert name in inspect.signature(modeling_mpt.MptAttention.forward).parameters
     accelerated = rh.accelerate(HEADS["mpt"][1](CONFIGS["mpt"]()).eval())
     calls = []
@@ -187,7 +193,8 @@ def test_mpt_fits_either_name_of_the_cache_argument(name, monkeypatch):
         """What MptBlock calls: records its keywords, hands relpos's forward the cache under ``name``."""
         def forward(*args, **kwargs):
             calls.append(sorted(kwargs))
-            cache = kwargs.pop("cache", None)
+            given = [kwargs.pop(k, None) for k in ("cache", "past_key_values")]  # the installed MptBlock's keyword
+            cache = given[0] if given[0] is not None else given[1]
             return relpos_forward(*args, **{name: cache}, **kwargs)
         return forward
 
@@ -195,7 +202,7 @@ def test_mpt_fits_either_name_of_the_cache_argument(name, monkeypatch):
         if isinstance(module, modeling_mpt.MptAttention):
             module.forward = renamed(module.forward)
     assert_cached_decoding_equals_one_pass(accelerated, length=16, prefix=10, what=f"decoding with the cache as {name}=")
-    assert calls and all("cache" in k for k in calls)  # MptBlock hands the cache over as cache=
+    assert calls and all("cache" in k or "past_key_values" in k for k in calls)  # MptBlock hands the cache over
 
 
 HEAD_NAMES = ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
@@ -278,7 +285,7 @@ def test_the_bias_is_relpos_alibi_per_offset_and_never_dense(family, monkeypatch
     accelerated(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
     assert len(seen) == 2 and all(isinstance(b, rh.alibi.ALiBi) for b in seen)
     slopes = seen[0].slopes
-    expected = (modeling_bloom._get_alibi_slopes(4, "cpu") if family == "bloom"
+    expected = (paper_slopes(4).float() if family == "bloom"
                 else -modeling_mpt.build_mpt_alibi_tensor(4, 2)[:, 0, 0])
     assert torch.equal(slopes, expected)
 
@@ -655,16 +662,15 @@ def test_bloom_without_the_private_slope_helper(monkeypatch):
     ids, mask, _ = batch()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
-    slopes = modeling_bloom._get_alibi_slopes  # held by the builder below, gone from the module
 
     def inline_build(attention_mask, num_heads, dtype):  # the older form: the slopes computed inside the builder
         batch_size, seq_length = attention_mask.shape
         positions = ((attention_mask.cumsum(dim=-1) - 1) * attention_mask)[:, None, :]  # (B, 1, L)
-        alibi = slopes(num_heads, attention_mask.device)[..., None] * positions  # (B, H, L)
+        alibi = paper_slopes(num_heads).float()[..., None] * positions  # (B, H, L)
         return alibi.reshape(batch_size * num_heads, 1, seq_length).to(dtype)
 
     monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", inline_build)
-    monkeypatch.delattr(modeling_bloom, "_get_alibi_slopes")
+    monkeypatch.delattr(modeling_bloom, "_get_alibi_slopes", raising=False)  # 5.15 has none already
     accelerated = rh.accelerate(copy.deepcopy(reference))
     with torch.no_grad():
         torch.testing.assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5)

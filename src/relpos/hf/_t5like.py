@@ -35,7 +35,7 @@ from ..encodings.buckets import relative_offsets, relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._family import Family
 
-__all__ = ["TableOffsets", "t5_like_family"]
+__all__ = ["TableOffsets", "switch_stale_configs", "t5_like_family"]
 
 #: attributes every T5-like attention module must have
 _ATTRIBUTES = ("config", "relative_attention_num_buckets", "relative_attention_max_distance", "is_causal",
@@ -101,6 +101,24 @@ def _check_fits(module: nn.Module, extra_attributes: tuple[str, ...]) -> None:
         )
 
 
+def switch_stale_configs(configs) -> Callable[[], None]:
+    """Set relpos's implementation on each of ``configs`` that ``set_attn_implementation`` missed; returns the undo.
+
+    transformers 5.15's T5 stacks hold deep copies of the model's config that its ``set_attn_implementation``
+    does not update (5.23 and later update them): without this, accelerating would silently change nothing.
+    """
+    unique = {id(c): c for c in configs}.values()
+    stale = [(c, c._attn_implementation) for c in unique if c._attn_implementation != NAME]
+    for config, _ in stale:
+        config._attn_implementation = NAME
+
+    def undo() -> None:
+        for config, name in stale:
+            config._attn_implementation = name
+
+    return undo
+
+
 def t5_like_family(
     name: str,
     title: str,
@@ -131,6 +149,7 @@ def t5_like_family(
             previous = {"": previous, **{key: getattr(config, key)._attn_implementation for key in subs}}
         target = {sub_config: NAME} if sub_config in subs else NAME
         model.set_attn_implementation(target)  # first: transformers may refuse it, and nothing is changed yet
+        undo_stale = switch_stale_configs(m.config for m in modules)  # copies the switch did not reach
         owners = [m for m in modules if OWNS_BIAS(m)]
         compute_bias = _instance_compute_bias(bidirectional)
         for module in owners:
@@ -140,6 +159,7 @@ def t5_like_family(
             for module in owners:
                 del module.compute_bias  # the class's method shows through again
             model.set_attn_implementation(previous)
+            undo_stale()
 
         return undo
 

@@ -37,7 +37,7 @@ from torch import nn
 from ..encodings.buckets import relative_position_bucket
 from ._attention import NAME, _check_checkpointed_gradient
 from ._family import Family, register
-from ._t5like import t5_like_family
+from ._t5like import switch_stale_configs, t5_like_family
 
 __all__ = ["BlockBias", "FAMILY", "local_bias"]
 
@@ -264,6 +264,7 @@ def _apply(model: nn.Module, modules: list[nn.Module]):
     for stack in model.modules():  # each blocked module reads the implementation of the innermost stack holding it
         if hasattr(stack, "config"):
             config_of.update({m: stack.config for m in stack.modules() if type(m).__name__ in _LOCAL_CLASSES})
+    undo_stale = switch_stale_configs(config_of[m] for m in blocked)  # the encoder stack's copy (transformers 5.15)
     for module in blocked:
         module._relpos_config = config_of[module]  # a plain attribute: no parameter, buffer or state_dict entry
         module.forward = types.MethodType(_block_forward, module)  # instance attribute: this model only
@@ -272,6 +273,7 @@ def _apply(model: nn.Module, modules: list[nn.Module]):
         for module in blocked:
             del module.forward  # the class's method shows through again
             del module._relpos_config
+        undo_stale()
         undo_full()
 
     return undo
