@@ -176,6 +176,27 @@ def test_attention_weights_come_from_transformers_forward(kind, attn):
     torch.testing.assert_close(ours[0], theirs[0])
 
 
+@pytest.mark.parametrize("kind", ["sam_vision", "sam_hq_vision"])
+@pytest.mark.parametrize("how", ["config", "per call"])
+def test_whole_model_attention_weights_equal_transformers(kind, how):
+    """SAM's layers never pass ``output_attentions`` to their attention: transformers records the weights the
+    modules return. Accelerated, the model returns the same weights (``config.output_attentions = True`` or per
+    call), found by transformers' own test_attention_outputs (docs/transformers.md)."""
+    reference = _build(kind, "eager")
+    accelerated = rh.accelerate(copy.deepcopy(reference))
+    pixels = _inputs(kind)["pixel_values"]
+    flag = {"output_attentions": True} if how == "per call" else {}
+    if how == "config":
+        for model in (reference, accelerated):
+            model.config.output_attentions = True
+    with torch.no_grad():
+        theirs, ours = (m(pixel_values=pixels, **flag) for m in (reference, accelerated))
+    assert len(theirs.attentions) == len(reference.vision_encoder.layers) and len(ours.attentions) == len(theirs.attentions)
+    for a, b in zip(ours.attentions, theirs.attentions):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ours.last_hidden_state, theirs.last_hidden_state)
+
+
 def test_bad_inputs():
     with pytest.raises(TypeError, match="SAM, SAM-HQ, ViTDet"):
         rh.accelerate(transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8)))

@@ -121,6 +121,23 @@ def test_output_attentions_runs_transformers_forward(family):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_config_output_attentions_returns_transformers_weights(family):
+    """``config.output_attentions = True`` (no per-call flag: Swin's layers then do not pass it down, and
+    transformers records the weights the modules return): the same weights as transformers', every family."""
+    model = _model(family, 32, 4)
+    model.set_attn_implementation("eager")
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    for m in (model, fast):
+        m.config.output_attentions = True
+    with torch.no_grad():
+        ref, out = model(pixels), fast(pixels)
+    assert len(ref.attentions) == 2 and len(out.attentions) == 2
+    for a, b in zip(out.attentions, ref.attentions):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_attention_dropout_draws_the_same_mask(family):
     """Training with attention dropout: the reference path draws the same elements as transformers' eager."""
     extra = {"attention_probs_dropout_prob": 0.3}

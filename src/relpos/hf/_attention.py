@@ -94,7 +94,7 @@ def _bias(module: nn.Module, position_bias):
     return None  # cross-attention's zeros placeholder: adds nothing
 
 
-def _recording_attentions() -> bool:
+def recording_attentions() -> bool:
     """Whether transformers' output capture is recording attention weights right now (a sub-model such as
     Pix2Struct's vision encoder records them for its parent without ``output_attentions`` reaching it)."""
     try:
@@ -110,7 +110,7 @@ def _wants_weights(module: nn.Module, kwargs: dict) -> bool:
     per_call = kwargs.get("output_attentions")
     if per_call is not None:
         return bool(per_call)
-    return bool(getattr(getattr(module, "config", None), "output_attentions", False)) or _recording_attentions()
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False)) or recording_attentions()
 
 
 def _check_checkpointed_gradient(bias) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..encodings.decomposed import decomposed_attention, decomposed_terms
+from ._attention import recording_attentions
 from ._family import Family, register
 
 __all__ = ["ATTENTION_CLASSES", "FAMILY", "MODEL_TYPES"]
@@ -59,13 +60,13 @@ def _attend(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _sam_forward(self, hidden_states: torch.Tensor, output_attentions=None):
-    if output_attentions:
-        return type(self).forward(self, hidden_states, output_attentions)
+    if output_attentions or recording_attentions():  # SAM's layers never pass the flag: transformers records the weights
+        return type(self).forward(self, hidden_states, True)
     return _attend(self, hidden_states), None
 
 
 def _vitdet_forward(self, hidden_state: torch.Tensor, output_attentions=False):
-    if output_attentions:
+    if output_attentions or recording_attentions():
         return type(self).forward(self, hidden_state, output_attentions)
     return (_attend(self, hidden_state),)
 

@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool
 from ..layers.window_attention import projected_window_attention, window_attention
+from ._attention import recording_attentions
 from ._family import Family, register
 from .api import is_accelerated
 
@@ -99,7 +100,7 @@ def _windowed_forward(self, hidden_states: torch.Tensor, attention_mask: torch.T
     projections that are not plain ``nn.Linear`` layers, e.g. adapters, the branch runs in a
     non-reentrant checkpoint). Gradients are unchanged.
     """
-    if output_attentions or kwargs.get("output_attentions"):
+    if output_attentions or kwargs.get("output_attentions") or recording_attentions():  # config.output_attentions too
         return type(self).forward(self, hidden_states, attention_mask, output_attentions=True, **kwargs)
     recompute = getattr(self, _RECOMPUTE_FLAG, False) and torch.is_grad_enabled()
     kind = _KINDS[type(self).__name__]
