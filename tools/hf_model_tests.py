@@ -87,8 +87,13 @@ def pytest_runtest_teardown(item) -> None:
 # ---- the runner ----
 
 
+#: families whose test file is not tests/models/<family>/test_modeling_<family>.py
+_FILES = {"donut_swin": ("donut", "test_modeling_donut_swin.py")}
+
+
 def _test_file(root: pathlib.Path, family: str) -> pathlib.Path:
-    path = root / "tests" / "models" / family / f"test_modeling_{family}.py"
+    folder, name = _FILES.get(family, (family, f"test_modeling_{family}.py"))
+    path = root / "tests" / "models" / folder / name
     if not path.is_file():
         raise SystemExit(f"--families: {family!r} has no {path} (see docs/transformers.md to assemble ROOT)")
     return path

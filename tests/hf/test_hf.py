@@ -105,6 +105,30 @@ def test_tile_and_fused_paths_through_accelerate(monkeypatch):
     hf_checks.tiles_and_fused_paths(monkeypatch, reference, accelerated, padded_both_ways())
 
 
+def test_stacks_holding_their_own_config_copy_are_switched_and_restored():
+    """transformers 5.15's T5 stacks keep deep copies of the model's config that its set_attn_implementation misses
+    (simulated here on any release): accelerate switches them too, or every layer would silently run
+    transformers' attention; undo puts them back."""
+    reference, _ = pair("t5")
+    model = copy.deepcopy(reference)
+    for stack in (model.encoder, model.decoder):
+        stack.config = copy.deepcopy(stack.config)  # a copy of its own, as 5.15 builds it
+        for module in stack.modules():
+            if hasattr(module, "config") and module is not stack:
+                module.config = stack.config
+        stack.config._attn_implementation = "sdpa"
+    owner = model.encoder.block[0].layer[0].SelfAttention
+    rh.accelerate(model)
+    assert owner.config is model.encoder.config and owner.config._attn_implementation == "relpos"
+    assert isinstance(owner.compute_bias(4, 4), OffsetBias)
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids, attention_mask=mask, labels=labels).logits,
+                              reference(input_ids=ids, attention_mask=mask, labels=labels).logits, atol=1e-5)
+    rh.restore(model)
+    assert owner.config._attn_implementation == "sdpa" and "compute_bias" not in vars(owner)
+
+
 @pytest.mark.newest_transformers  # transformers 5.15's set_attn_implementation does not reach the stacks' configs
 def test_set_attn_implementation_switches_both_ways():
     """model.set_attn_implementation("eager"|"sdpa") gives transformers' dense path; "relpos" gives relpos's again."""

@@ -83,8 +83,8 @@ def _dropout_scale(dropout, b: int, tile: Tile, a: int, c: int, heads: int, key_
     return keep.flip(1).to(dtype) / (1.0 - effective_p(p))
 
 
-def _row_blocks(rows: int, heads: int, keys: int):
-    step = max(1, _BLOCK_ELEMENTS // (heads * max(keys, 1)))
+def _row_blocks(rows: int, heads: int, keys: int, elements: int = _BLOCK_ELEMENTS):
+    step = max(1, elements // (heads * max(keys, 1)))
     for a in range(0, rows, step):
         yield a, min(rows, a + step)
 
@@ -193,13 +193,16 @@ def _blockwise_backward(ctx, grad_out):
     return (*grads, None, None, None)
 
 
-def tile_gradients(q, k, v, values, out, lse, grad_out, tiles, scale, dropout=None, *, bias_grad: bool):
+def tile_gradients(
+    q, k, v, values, out, lse, grad_out, tiles, scale, dropout=None, *, bias_grad: bool, block_elements: int = _BLOCK_ELEMENTS
+):
     """dq, dk, dv and (``bias_grad``) the per-offset values' gradient of attention over ``tiles``, block by block.
 
     Every tensor's query rows are reversed, as :func:`tile_forward` returns them; ``out`` and ``lse`` are the
     forward's (or, for one part of a longer key sequence, the whole sequence's merged output and logsumexp:
     the gradients are then this part's share). Returns the four in the accumulation dtype (dvalues None
-    without ``bias_grad``); rows no tile covers get no gradient.
+    without ``bias_grad``); rows no tile covers get no gradient. ``block_elements``: scores per (H, rows, K) block,
+    the workspace (a few such blocks live at once).
     """
     heads, query_length, key_length = q.shape[1], q.shape[2], k.shape[2]
     acc = accumulate_dtype(q.dtype)
@@ -222,7 +225,7 @@ def tile_gradients(q, k, v, values, out, lse, grad_out, tiles, scale, dropout=No
             lt = lse[b, :, a0:a1, None]  # (H, R, 1)
             dqt = torch.empty_like(qt)
             dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-            for a, c in _row_blocks(r1 - r0, heads, k1 - k0):
+            for a, c in _row_blocks(r1 - r0, heads, k1 - k0, block_elements):
                 qb, gb = qt[:, a:c], gt[:, a:c]  # (H, R', d)
                 p = torch.bmm(qb, kb.transpose(1, 2)).mul_(scale).add_(mask[:, a:c])  # (H, R', K) logits
                 p.sub_(lt[:, a:c]).exp_()  # probabilities

@@ -42,6 +42,9 @@ __all__ = ["PIECE_ROWS", "QUERY_ROWS", "ring_attention"]
 #: flight. QUERY_ROWS: query rows per attention block. Measured on 2 CPU processes at L = 16384 (docs/distributed.md).
 PIECE_ROWS = 2048
 QUERY_ROWS = 2048
+#: Scores per block of the backward's workspace: half the single-process size (docs/benchmarks.md), since that
+#: fixed workspace does not shrink with the number of ranks while everything else does (docs/distributed.md).
+BACKWARD_BLOCK = 1 << 20
 
 DEFAULT_TIMEOUT = 300.0  # seconds any rank waits for another before raising RingTimeoutError
 
@@ -138,7 +141,9 @@ def _block_gradients(plan: _Plan, q, kp, vp, blk: _Block, out, lse, grad_out, bi
     rows = blk.rows
     q_rev, o_rev, g_rev, l_rev = q[:, :, rows].flip(-2), out[:, :, rows].flip(-2), grad_out[:, :, rows].flip(-2), lse[:, :, rows].flip(-1)
     if bias_grad or not fused_available(q):
-        return tile_gradients(q_rev, kp, vp, blk.values, o_rev, l_rev, g_rev, blk.tiles, plan.scale, bias_grad=bias_grad)
+        return tile_gradients(
+            q_rev, kp, vp, blk.values, o_rev, l_rev, g_rev, blk.tiles, plan.scale, bias_grad=bias_grad, block_elements=BACKWARD_BLOCK
+        )
     finite = l_rev.masked_fill(l_rev == float("-inf"), float("inf"))  # rows with no key anywhere: probabilities 0
     dq, dk, dv = tile_flash_gradients(q_rev, kp, vp, blk.values, o_rev.to(q.dtype), finite, g_rev, blk.tiles, plan.scale)
     return dq, dk, dv, None
