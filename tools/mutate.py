@@ -66,6 +66,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "hf_pix2struct": ("tests/hf/test_hf_pix2struct.py",),
     "hf_sam": ("tests/hf/test_hf_sam.py",),
     "hf_swin": ("tests/hf/test_hf_swin.py",),
+    "distributed": ("tests/distributed/test_ring.py",),
     "triton": ("tests/backends/test_triton.py",),
     "padding": ("tests/backends/test_uniform_padding.py", "tests/backends/test_fuzz.py", "tests/backends/test_real_inputs.py"),
     "fuzz_windows": ("tests/layers/test_window_attention.py",),
@@ -186,6 +187,13 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-lse-natural-log", "backends/_triton.py", "lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float(\"inf\"))  # base 2", "lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float(\"inf\"))  # base 2", "Triton: the saved log-sum-exp in natural log while the backward works in base 2", "triton"),
     Mutant("dispatch-triton-causal-ignored", "backends/dispatch.py", "return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic)", "return TritonSpec(kind, False, call.scale, call.q_offset, flat, deterministic)", "backend='triton' ignores causal", "triton"),
     Mutant("dispatch-triton-alibi-as-symmetric", "backends/dispatch.py", "kind = BIAS_SYMMETRIC_LINEAR if bias.linear.symmetric else BIAS_CAUSAL_LINEAR", "kind = BIAS_SYMMETRIC_LINEAR", "backend='triton' runs causal ALiBi as its symmetric form", "triton"),
+    # context parallelism (relpos.distributed) and this session's transformers fixes
+    Mutant("ring-causal-mask-off-by-one", "distributed/ring.py", "values[:, rows + q_off :] = float(\"-inf\")", "values[:, rows + q_off + 1 :] = float(\"-inf\")", "ring attention: the causal mask lets each query see one key of its future", "distributed"),
+    Mutant("ring-merge-keeps-stale-weight", "distributed/ring.py", "out.mul_((lse - safe).exp_()[..., None])", "out.mul_((lse - safe).exp_()[..., None].clamp(min=1.0))", "ring attention: the running output is not rescaled when a block raises the log-sum-exp", "distributed"),
+    Mutant("ring-bias-slice-off-by-one", "distributed/ring.py", "u0 = (kp.start - qs) - (rows - 1) + (self.length - 1)", "u0 = (kp.start - qs) - rows + (self.length - 1)", "ring attention: each block reads the per-offset values one offset off", "distributed"),
+    Mutant("ring-dkv-home-dropped", "distributed/ring.py", "gk, gv = gk.add_(carried[0]), gv.add_(carried[1])", "gk, gv = gk, gv.add_(carried[1])", "ring attention: the key gradients carried from the previous rank are dropped", "distributed"),
+    Mutant("hf-stale-stack-configs-kept", "hf/_t5like.py", "    for config, _ in stale:\n        config._attn_implementation = NAME\n", "", "relpos.hf: stacks holding their own config copy (transformers 5.15) keep running transformers' attention", "hf"),
+    Mutant("hf-sam-recorded-weights-missing", "hf/sam.py", "if output_attentions or recording_attentions():", "if output_attentions:", "SAM adapter: no attention weights when transformers records them (config.output_attentions)", "hf_sam"),
 ]
 
 

@@ -216,3 +216,11 @@ def test_triton_kernel_matches_fp64(case):
     bias, mask, length and head layout it accepts equals fp64 attention; what it refuses (dense biases, masks with
     holes) says so."""
     _run(case)
+
+
+@examples(2, 12)
+@given(calls(backends=("flex",)).map(lambda case: {**case, "grad": False}))
+def test_flex_matches_fp64(case):
+    """The flex backend (FlexAttention, compiled per shape: a few examples; CPU has its forward only) through the
+    same harness: equal to fp64 attention, or a refusal that names the fix."""
+    _run(case)
