@@ -193,7 +193,7 @@ MUTANTS: list[Mutant] = [
     Mutant("ring-bias-slice-off-by-one", "distributed/ring.py", "u0 = (kp.start - qs) - (rows - 1) + (self.length - 1)", "u0 = (kp.start - qs) - rows + (self.length - 1)", "ring attention: each block reads the per-offset values one offset off", "distributed"),
     Mutant("ring-dkv-home-dropped", "distributed/ring.py", "gk, gv = gk.add_(carried[0]), gv.add_(carried[1])", "gk, gv = gk, gv.add_(carried[1])", "ring attention: the key gradients carried from the previous rank are dropped", "distributed"),
     Mutant("hf-stale-stack-configs-kept", "hf/_t5like.py", "    for config, _ in stale:\n        config._attn_implementation = NAME\n", "", "relpos.hf: stacks holding their own config copy (transformers 5.15) keep running transformers' attention", "hf"),
-    Mutant("hf-sam-recorded-weights-missing", "hf/sam.py", "if output_attentions or recording_attentions():", "if output_attentions:", "SAM adapter: no attention weights when transformers records them (config.output_attentions)", "hf_sam"),
+    Mutant("hf-sam-recorded-weights-missing", "hf/sam.py", "if output_attentions or recording_attentions():  # SAM's layers", "if output_attentions:  # SAM's layers", "SAM adapter: no attention weights when transformers records them (config.output_attentions)", "hf_sam"),
 ]
 
 

@@ -107,19 +107,21 @@ def test_tile_and_fused_paths_through_accelerate(monkeypatch):
 
 def test_stacks_holding_their_own_config_copy_are_switched_and_restored():
     """transformers 5.15's T5 stacks keep deep copies of the model's config that its set_attn_implementation misses
-    (simulated here on any release): accelerate switches them too, or every layer would silently run
+    (simulated on any release: the attention layers get a config copy that no sub-model owns, which newer
+    releases' switch does not reach either): accelerate switches them too, or every layer would silently run
     transformers' attention; undo puts them back."""
     reference, _ = pair("t5")
     model = copy.deepcopy(reference)
+    copies = []
     for stack in (model.encoder, model.decoder):
-        stack.config = copy.deepcopy(stack.config)  # a copy of its own, as 5.15 builds it
+        copies.append(copy.deepcopy(stack.config))  # the layers' own copy, on transformers' attention
+        copies[-1]._attn_implementation = "sdpa"
         for module in stack.modules():
-            if hasattr(module, "config") and module is not stack:
-                module.config = stack.config
-        stack.config._attn_implementation = "sdpa"
+            if hasattr(module, "config") and not hasattr(type(module), "set_attn_implementation"):
+                module.config = copies[-1]
     owner = model.encoder.block[0].layer[0].SelfAttention
     rh.accelerate(model)
-    assert owner.config is model.encoder.config and owner.config._attn_implementation == "relpos"
+    assert owner.config is copies[0] and owner.config._attn_implementation == "relpos"
     assert isinstance(owner.compute_bias(4, 4), OffsetBias)
     ids, mask, labels = batch()
     with torch.no_grad():
