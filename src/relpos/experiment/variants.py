@@ -90,7 +90,8 @@ class PerPositionDynamicRotary(RotaryEmbedding):
         super().__init__(head_dim, scaling={"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": train_len})
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor, *, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``length`` does not matter here: position ``p`` always takes the frequencies of length ``p + 1``."""
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if self._rows is None or self._rows[0].shape[0] < needed:
             rows = [super(PerPositionDynamicRotary, self).cos_sin(torch.tensor([p], device=self.inv_freq.device))
