@@ -33,7 +33,7 @@ from ..backends.dispatch import _check_qkv, check_defines_future
 from ..encodings.bias import AdditiveBias, OffsetBias
 from ..encodings.rotary import RotaryEmbedding
 from ..encodings.xpos import XPos
-from ._comm import TAG_FINAL, TAG_GRAD, TAG_KV, DistributedMismatchError, Ring
+from ._comm import TAG_FINAL, TAG_GRAD, TAG_KV, Ring
 from .layout import LAYOUTS, Layout, Segment, global_positions, pieces, segments
 
 __all__ = ["PIECE_ROWS", "QUERY_ROWS", "ring_attention"]
@@ -248,8 +248,7 @@ def ring_attention(
     bias's parameters (this rank's share: sum them across ranks, :func:`relpos.distributed.all_reduce_grads`).
     Ranks that disagree on shapes or settings raise :class:`DistributedMismatchError` on every rank.
     """
-    plan_inputs = _validate(query, key, value, bias, rotary, causal, key_mask, scale, layout, group, timeout)
-    ring, layout, scale, length = plan_inputs
+    ring, layout, scale, length = _validate(query, key, value, bias, rotary, causal, key_mask, scale, layout, group, timeout)
     query, key = _rotate(rotary, query, key, ring, layout, length)
     values = _values(bias, length, query, causal)  # (Hb, 2L - 1) or None
     mine = segments(ring.rank, ring.size, query.shape[2], layout)
@@ -399,5 +398,3 @@ def _fields(query, key, value, values, rotary, causal, key_mask, scale, layout, 
         "gradients": torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, values)),
     }
 
-
-__all__ += ["DistributedMismatchError"]
