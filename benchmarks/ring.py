@@ -100,19 +100,24 @@ def _worker(rank: int, world: int, directory: str, args) -> None:
     layout = "zigzag" if args.causal else "contiguous"
     bias = _bias(args)
     one = lambda q, k, v, b: relpos.attention(q, k, v, bias=b, causal=args.causal, scale=1.0)  # noqa: E731
+    variants = ("one process", "ring") + (("no ring",) if args.floor else ())
     sharded = lambda q, k, v, b: rd.ring_attention(q, k, v, bias=b, causal=args.causal, scale=1.0, layout=layout, timeout=3600)  # noqa: E731
     rows = []
     for length in args.lengths:
         full = _inputs(length, args)
         part = [rd.shard(t, 2, rank, world, layout).contiguous() for t in full]
+        # the floor: each rank computes its own rows against every key, held locally (same work, no messages)
+        alone = lambda q, k, v, b: relpos.attention(q, k, v, bias=b, scale=1.0, q_offset=rank * (length // world))  # noqa: E731
         for train in (False, True):
             _run(sharded, *[t[:, :, :256] for t in part], bias, train)  # warm up both paths at a small size
-            samples = {"one process": [], "ring": []}
+            samples = {variant: [] for variant in variants}
             for r in range(args.rounds):
-                order = ("one process", "ring") if r % 2 == 0 else ("ring", "one process")
+                order = variants if r % 2 == 0 else variants[::-1]
                 for variant in order:
                     if variant == "ring":
                         samples[variant].append(_measure(sharded, *part, bias, train))
+                    elif variant == "no ring":
+                        samples[variant].append(_measure(alone, part[0], full[1], full[2], bias, train))
                     elif rank == 0:
                         samples[variant].append(_measure(one, *full, bias, train))
                     else:  # rank 1 only keeps step with rank 0's barriers
@@ -140,9 +145,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             ring_time = statistics.median(max(s for s, _ in ranks) for ranks in ring_by_round)
             ring_mem = max(b for ranks in ring_by_round for _, b in ranks)
             one_time, one_mem = statistics.median(s for s, _ in one), max(b for _, b in one)
+            floor = list(zip(*[r["samples"].get("no ring", []) for r in mine]))
+            floor_time = statistics.median(max(s for s, _ in ranks) for ranks in floor) if floor else None
             out.append({
                 "length": length, "mode": "training step" if train else "forward",
                 "one_process_s": one_time, "ring_s": ring_time, "time_ratio": ring_time / one_time,
+                "no_ring_s": floor_time, "no_ring_ratio": None if floor_time is None else floor_time / one_time,
                 "one_process_peak_mib": one_mem / 2**20, "ring_rank_peak_mib": ring_mem / 2**20, "memory_ratio": ring_mem / one_mem,
             })
     return out
@@ -156,6 +164,17 @@ def markdown(summary: list[dict], args, machine: str) -> str:
         "| L | mode | one process (s) | ring, 2 processes (s) | ring / one | one-process peak (MiB) | ring per-rank peak (MiB) | ring / one |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    if args.floor:
+        lines[2:4] = [
+            "| L | mode | one process (s) | ring, 2 processes (s) | ring / one | no ring, 2 processes (s) | no ring / one |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s['length']} | {s['mode']} | {s['one_process_s']:.2f} | {s['ring_s']:.2f} | {s['time_ratio']:.2f} | "
+            f"{s['no_ring_s']:.2f} | {s['no_ring_ratio']:.2f} |"
+            for s in summary
+        ]
+        return "\n".join(lines) + "\n"
     for s in summary:
         lines.append(
             f"| {s['length']} | {s['mode']} | {s['one_process_s']:.2f} | {s['ring_s']:.2f} | {s['time_ratio']:.2f} | "
@@ -172,9 +191,13 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--causal", action="store_true", help="causal attention, zigzag layout")
+    p.add_argument("--floor", action="store_true",
+                   help="also time 'no ring': each process computes its rows against every key held locally (same work, no messages)")
     p.add_argument("--json", help="write the raw samples and the summary here")
     p.add_argument("--markdown", help="write the summary table here")
     args = p.parse_args(argv)
+    if args.floor and args.causal:
+        p.error("--floor times the bidirectional case only (its rows-against-every-key split is contiguous)")
     directory = tempfile.mkdtemp(prefix="relpos-bench-ring-")
     os.environ["OMP_NUM_THREADS"] = "1"
     # glibc then maps every allocation above 128 KiB on its own and unmaps it on free, so the resident set

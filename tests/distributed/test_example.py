@@ -32,3 +32,17 @@ def test_docs_snippet_runs_under_torchrun(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_ring_benchmark_runs_at_a_tiny_size(tmp_path):
+    """benchmarks/ring.py end to end (2 spawned processes, every variant) at a size that takes seconds."""
+    import json
+
+    out = tmp_path / "ring.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "ring.py"), "--lengths", "256", "--rounds", "1", "--heads", "2",
+               "--dim", "8", "--floor", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert [(s["length"], s["mode"]) for s in summary] == [(256, "forward"), (256, "training step")]
+    assert all(s["ring_s"] > 0 and s["no_ring_s"] > 0 and s["ring_rank_peak_mib"] > 0 for s in summary)
