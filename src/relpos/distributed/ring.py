@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from .._checks import check_bool, check_choice, check_positive_float, check_scale
 from ..backends._denormals import flushing
-from ..backends._fused import accumulate_dtype, fused_available, tile_flash_gradients, tile_forward, tile_gradients
-from ..backends._masks import check_key_mask
+from ..backends._fused import _finite_lse, accumulate_dtype, fused_available, tile_flash_gradients, tile_forward, tile_gradients
+from ..backends._masks import _runs, check_key_mask
 from ..backends._tiles import Tile, plan_tiles
 from ..backends.dispatch import _check_qkv, check_defines_future
 from ..encodings.bias import AdditiveBias, OffsetBias
@@ -144,7 +144,7 @@ def _block_gradients(plan: _Plan, q, kp, vp, blk: _Block, out, lse, grad_out, bi
         return tile_gradients(
             q_rev, kp, vp, blk.values, o_rev, l_rev, g_rev, blk.tiles, plan.scale, bias_grad=bias_grad, block_elements=BACKWARD_BLOCK
         )
-    finite = l_rev.masked_fill(l_rev == float("-inf"), float("inf"))  # rows with no key anywhere: probabilities 0
+    finite = _finite_lse(l_rev)  # rows with no key anywhere: +inf, probabilities 0
     dq, dk, dv = tile_flash_gradients(q_rev, kp, vp, blk.values, o_rev.to(q.dtype), finite, g_rev, blk.tiles, plan.scale)
     return dq, dk, dv, None
 
@@ -153,8 +153,8 @@ def _backward(plan: _Plan, q, k, v, bias, out, lse, grad_out, bias_grad: bool):
     """dq, dk, dv in the accumulation dtype and this rank's share of the values' gradient (or None)."""
     ring, acc = plan.ring, out.dtype
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)  # (B, H, Lc, d)
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)  # (B, Hkv, Lc, d)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)  # (B, Hkv, Lc, dv)
+    dk = torch.empty(k.shape, dtype=acc, device=q.device)  # (B, Hkv, Lc, d): every piece's rows written once, below
+    dv = torch.empty(v.shape, dtype=acc, device=q.device)  # (B, Hkv, Lc, dv)
     dvalues = torch.zeros_like(bias) if bias_grad else None  # (Hb, 2L - 1)
     grad_out = grad_out.contiguous()
     for m, seg in enumerate(plan.own):
@@ -253,14 +253,14 @@ def ring_attention(
     values = _values(bias, length, query, causal)  # (Hb, 2L - 1) or None
     mine = segments(ring.rank, ring.size, query.shape[2], layout)
     own = pieces(mine, PIECE_ROWS)
-    problem = _mask_problem(key_mask, own)
+    runs, problem = _piece_runs(key_mask, own)
     ring.agree(_fields(query, key, value, values, rotary, causal, key_mask, scale, layout, ring, problem), query.device)
     if problem:
         raise ValueError(problem)
     theirs = tuple(pieces(segments(r, ring.size, query.shape[2], layout), PIECE_ROWS) for r in range(ring.size))
     plan = _Plan(
         ring, length, causal, 1.0 / query.shape[-1] ** 0.5 if scale is None else scale, own, pieces(mine, QUERY_ROWS), theirs,
-        _gather_ranges(ring, key_mask, own), query.shape[1] // key.shape[1],
+        _gather_ranges(ring, runs, query.device), query.shape[1] // key.shape[1],
     )
     return _RingAttention.apply(query, key, value, values, plan)
 
@@ -334,36 +334,28 @@ def _values(bias, length: int, query: torch.Tensor, causal: bool) -> torch.Tenso
     return values
 
 
-def _mask_problem(key_mask: torch.Tensor | None, own: tuple[Segment, ...]) -> str:
-    """Why this rank's key mask cannot be cut into one run per example per piece, or ''."""
+def _piece_runs(key_mask: torch.Tensor | None, own: tuple[Segment, ...]) -> tuple[list | None, str]:
+    """Each own piece's ``(starts, ends)`` of every example's real keys (None without a mask), and why the mask
+    cannot be cut so ('' when it can): within a piece an example's real tokens must form one run."""
     if key_mask is None:
-        return ""
-    for seg in own:
-        part = key_mask[:, seg.local : seg.local + seg.length]  # (B, n)
-        count = part.sum(1)  # (B,)
-        first = part.int().argmax(1)  # (B,)
-        idx = torch.arange(seg.length, device=part.device)
-        run = (idx >= first[:, None]) & (idx < (first + count)[:, None])  # (B, n) the run a padding mask would be
-        if bool((run != part).any()):
-            return (
+        return None, ""
+    runs = [_runs(key_mask[:, seg.local : seg.local + seg.length]) for seg in own]  # (starts, ends) or None
+    for seg, run in zip(own, runs):
+        if run is None:
+            return None, (
                 f"key_mask has real tokens that are not one run per example within rows {seg.local}..{seg.local + seg.length - 1} "
                 "of some rank's shard: context-parallel attention takes padding masks (right or left padding), "
                 "not holes"
             )
-    return ""
+    return runs, ""
 
 
-def _gather_ranges(ring: Ring, key_mask: torch.Tensor | None, own: tuple[Segment, ...]):
+def _gather_ranges(ring: Ring, runs: list | None, device: torch.device):
     """ranges[src][m][b] = (start, end) of example b's real keys in piece m of rank src (one bounded all-gather)."""
-    if key_mask is None:
+    if runs is None:
         return None
-    mine = []
-    for seg in own:
-        part = key_mask[:, seg.local : seg.local + seg.length]  # (B, n)
-        count = part.sum(1)
-        first = torch.where(count > 0, part.int().argmax(1), torch.zeros_like(count))
-        mine.append(torch.stack((first, first + count), dim=1))  # (B, 2)
-    every = ring.all_gather(torch.stack(mine).to(torch.int64), "every rank's key padding")  # (P, n, B, 2)
+    mine = torch.tensor([list(zip(starts, ends)) for starts, ends in runs], dtype=torch.int64, device=device)  # (n, B, 2)
+    every = ring.all_gather(mine, "every rank's key padding")  # (P, n, B, 2)
     return tuple(tuple(tuple(map(tuple, piece)) for piece in rank) for rank in every.tolist())
 
 
