@@ -38,6 +38,8 @@ class Case:
     length: int = 48  # tokens in the whole sequence; a multiple of 2 x world size
     piece: int = 5  # relpos.distributed.PIECE_ROWS inside the case (small: many pieces, partial blocks)
     query_rows: int = 7  # relpos.distributed.ring.QUERY_ROWS: query blocks that straddle key pieces
+    batch: int = B
+    empty_example: bool = False  # the last example all padding (with padded=True)
     seed: int = 0
 
 
@@ -60,9 +62,14 @@ CASES = [
     Case("t5_one_piece", "t5", True, "contiguous", piece=4096, query_rows=4096),
     Case("t5_query_pieces_smaller", "t5_causal", True, "zigzag", padded=True, piece=7, query_rows=3),
     Case("t5_fp32", "t5_causal", True, "zigzag", padded=True, dtype=torch.float32),
+    Case("t5_batch_of_one_padded", "t5_causal", True, "zigzag", padded=True, batch=1),
+    Case("alibi_batch_of_one", "alibi_symmetric", False, "contiguous", batch=1, piece=4, query_rows=5),
+    Case("t5_all_padding_example", "t5", False, "contiguous", padded=True, batch=3, empty_example=True),
+    Case("t5_causal_all_padding_example", "t5_causal", True, "zigzag", padded=True, batch=3, empty_example=True),
     Case("t5_real_size", "t5_causal", True, "zigzag", padded=True, length=1024, piece=300, query_rows=200),
 ]
-FOUR = ["t5_causal_zigzag_padded", "alibi_causal_zigzag_gqa", "kerple_zigzag", "rope_causal_zigzag", "t5"]
+FOUR = ["t5_causal_zigzag_padded", "alibi_causal_zigzag_gqa", "kerple_zigzag", "rope_causal_zigzag", "t5",
+        "t5_batch_of_one_padded", "t5_causal_all_padding_example"]
 
 
 def position_module(name: str, dtype: torch.dtype, seed: int):
@@ -110,14 +117,18 @@ def _position_module(name: str, seed: int):
 def inputs(case: Case):
     """Whole-sequence q, k, v, key mask (or None) and output gradient."""
     g = torch.Generator().manual_seed(100 + case.seed)
-    q = torch.randn(B, H, case.length, D, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(B, case.kv_heads, case.length, D, generator=g, dtype=torch.float64) for _ in range(2))
-    grad = torch.randn(B, H, case.length, D, generator=g, dtype=torch.float64)
+    batch = case.batch
+    q = torch.randn(batch, H, case.length, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, case.kv_heads, case.length, D, generator=g, dtype=torch.float64) for _ in range(2))
+    grad = torch.randn(batch, H, case.length, D, generator=g, dtype=torch.float64)
     keep = None
     if case.padded:
-        keep = torch.ones(B, case.length, dtype=torch.bool)
+        keep = torch.ones(batch, case.length, dtype=torch.bool)
         keep[0, case.length - case.length // 3 :] = False  # right padding across a shard boundary
-        keep[1, : 3] = False  # left padding: under a causal mask its first rows see no key
+        if batch > 1:
+            keep[1, : 3] = False  # left padding: under a causal mask its first rows see no key
+        if case.empty_example:
+            keep[-1] = False
     return q.to(case.dtype), k.to(case.dtype), v.to(case.dtype), keep, grad.to(case.dtype)
 
 

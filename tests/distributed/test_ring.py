@@ -156,12 +156,14 @@ def test_not_initialized_is_named():
         ({"bias": torch.zeros(1, 4, 8, 8)}, TypeError, "cannot be sharded by offset"),
         ({"rotary": relpos.ALiBi(2)}, TypeError, "rotary must be"),
         ({"key_mask": torch.ones(1, 8)}, TypeError, "key_mask must be boolean"),
+        ({"key": torch.randn(1, 2, 6, 4)}, ValueError, "self-attention over one sharded sequence"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, error, match):
     q = torch.randn(1, 2, 8, 4)
+    args = {"key": q, "value": kwargs.get("key", q), **kwargs}  # Lq != Lk: keys and values alike
     with pytest.raises(error, match=match):
-        rd.ring_attention(q, q, q, **kwargs)
+        rd.ring_attention(q, args.pop("key"), args.pop("value"), **args)
 
 
 def test_uneven_lengths_are_refused_with_the_fix():
