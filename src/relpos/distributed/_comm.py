@@ -33,9 +33,12 @@ class Ring:
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size) if group is not None else (self.rank + 1) % self.size
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size) if group is not None else (self.rank - 1) % self.size
+        self.next, self.prev = self._global((self.rank + 1) % self.size), self._global((self.rank - 1) % self.size)
         self.timeout = timeout
+
+    def _global(self, rank: int) -> int:
+        """The world rank of ``rank`` in this group (the sends and receives address world ranks)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def send(self, tensors: tuple[torch.Tensor, ...], tag: int) -> list:
         """Start sending ``tensors`` (contiguous) to the next rank; wait on the result with :meth:`wait`."""

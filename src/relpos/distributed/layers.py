@@ -73,17 +73,17 @@ def context_parallel(
     timeout = check_positive_float("timeout", timeout)
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    layers = [m for m in module.modules() if isinstance(m, MultiheadAttention)]
-    if not layers:
+    named = [(n, m) for n, m in module.named_modules() if isinstance(m, MultiheadAttention)]
+    if not named:
         raise ValueError(f"module ({type(module).__name__}) holds no relpos MultiheadAttention layer to make context-parallel")
-    for name, layer in ((n, m) for n, m in module.named_modules() if isinstance(m, MultiheadAttention)):
+    for name, layer in named:
         why = _refusal(layer)
         if why:
             raise ValueError(f"layer {name or type(layer).__name__} cannot run context-parallel: {why}")
         if "forward" in layer.__dict__:
             raise ValueError(f"layer {name or type(layer).__name__} already has its forward patched (undo the other patch first)")
     handle = ContextParallel()
-    for layer in layers:
+    for _, layer in named:
         layer.forward = types.MethodType(_sharded_forward(layout, group, timeout), layer)
         handle.layers.append(layer)
     return handle
