@@ -1,6 +1,6 @@
-"""The attention benchmark of docs/benchmarks.md; the same code as `relpos bench`.
+"""The attention benchmark of docs/benchmarks/attention/index.md; the same code as `relpos bench`.
 
-    python benchmarks/attention.py --json docs/bench.json --markdown docs/bench.md
+    python benchmarks/attention.py --json docs/benchmarks/attention/forward.json --markdown docs/benchmarks/attention/forward.md
 """
 
 import sys

@@ -1,5 +1,5 @@
 """The eager encodings (Shaw, CoPE) in the experiment's model, against two without an (L, L) term:
-docs/benchmarks-encodings.md, "Eager paths".
+docs/benchmarks/encodings/index.md, "Eager paths".
 
 One thread. For each encoding, the reference preset's model (width 64, 2 layers, 4 heads):
 one evaluation forward of the experiment's chunk at the longest length (8 windows x 1,024 bytes,

@@ -1,4 +1,4 @@
-"""The new encodings against SDPA with no bias (and xPos against RoPE): docs/benchmarks-encodings.md.
+"""The new encodings against SDPA with no bias (and xPos against RoPE): docs/benchmarks/encodings/index.md.
 
 Causal self-attention, B=1, H=8, d=64, fp32, CPU. For each length, every variant's forward
 (``torch.no_grad``) and training step (forward + backward into q, k, v and the encoding's own
@@ -7,7 +7,7 @@ median over rounds), so a slow phase of a shared machine hits every variant alik
 memory is measured in a fresh process per variant (``--memory``): the growth of the peak RSS
 over the process's size before the call.
 
-    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory --markdown docs/benchmarks-encodings.md
+    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory --markdown docs/benchmarks/encodings/index.md
 
 ``--markdown`` into a file holding the markers ``<!-- tables:begin -->`` and ``<!-- tables:end -->``
 replaces what lies between them (``--append``: adds after it) and keeps the prose around them.

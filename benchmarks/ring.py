@@ -1,6 +1,6 @@
 """Context-parallel (ring) attention on 2 CPU processes against one process computing the whole attention.
 
-    python benchmarks/ring.py --json docs/bench-ring.json --markdown docs/bench-ring.md
+    python benchmarks/ring.py --json docs/benchmarks/distributed/ring.json --markdown docs/benchmarks/distributed/ring.md
 
 Two gloo processes with one thread each. In every round, in alternating order: rank 0 alone runs
 ``relpos.attention`` over the whole sequence (one thread; rank 1 waits at a barrier), then both ranks run

@@ -6,7 +6,7 @@ backward of the mean squared output, SGD step; train mode). Variants run interle
 round; times are medians, memory the peak resident memory the call adds (:mod:`relpos.tools.bench`).
 Before timing, the outputs and gradients of both variants are compared (eval mode, same input).
 
-    python benchmarks/swin.py --json docs/bench-swin.json --markdown docs/bench-swin.md
+    python benchmarks/swin.py --json docs/benchmarks/vision/swin.json --markdown docs/benchmarks/vision/swin.md
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def _into_page(path: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    fix_mmap_threshold()  # each call's peak resident memory is its own (docs/bench-swin.md)
+    fix_mmap_threshold()  # each call's peak resident memory is its own (docs/benchmarks/vision/swin.md)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=("swinv2", "swin"), default="swinv2")
     parser.add_argument("--windows", type=int, nargs="+", default=[8, 16])

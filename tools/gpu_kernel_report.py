@@ -1,6 +1,6 @@
-"""Tables of docs/bench-gpu-kernel.md from the committed JSON of benchmarks/gpu_kernel.py (no hand-copied numbers).
+"""Tables of docs/benchmarks/gpu/kernel.md from the committed JSON of benchmarks/gpu_kernel.py (no hand-copied numbers).
 
-    python tools/gpu_kernel_report.py docs/bench-gpu-kernel.json > docs/bench-gpu-kernel-tables.md
+    python tools/gpu_kernel_report.py docs/benchmarks/gpu/kernel.json > docs/benchmarks/gpu/kernel-tables.md
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ TARGETS = {  # the issue's targets: the position term's time over the floor's
     "t5_forward": 1.3, "t5_train": 1.5, "causal_t5_forward": 1.3, "causal_t5_train": 1.5,
     "alibi_forward": 1.15, "padded_forward": 1.3,
 }
-OLD_ROUTE = {  # what relpos's auto ran before the Triton kernel (docs/bench-gpu.md)
+OLD_ROUTE = {  # what relpos's auto ran before the Triton kernel (docs/benchmarks/gpu/attention.md)
     "t5_forward": "relpos_sdpa", "t5_train": "relpos_flex", "causal_t5_forward": "relpos_sdpa",
     "causal_t5_train": "relpos_flex", "alibi_forward": "relpos_sdpa", "causal_alibi_forward": "relpos_sdpa",
     "padded_forward": "relpos_sdpa", "padded_train": "relpos_sdpa",

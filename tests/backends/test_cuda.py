@@ -195,7 +195,7 @@ def test_dropout_on_cuda_averages_to_the_undropped_output():
 
 
 @pytest.mark.parametrize("dtype,grad,dim,expected", [
-    (torch.bfloat16, False, 64, "triton"),  # the position term inside each tile (docs/bench-gpu-kernel.md)
+    (torch.bfloat16, False, 64, "triton"),  # the position term inside each tile (docs/benchmarks/gpu/kernel.md)
     (torch.float32, False, 64, "triton"),
     (torch.bfloat16, True, 64, "triton"),  # a learnable table
     (torch.bfloat16, True, 8, "triton"),  # the kernel pads head dims below 16 (flex cannot)

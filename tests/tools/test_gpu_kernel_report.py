@@ -31,9 +31,9 @@ def test_ratios_and_verdicts_follow_the_numbers():
 
 
 def test_the_committed_tables_are_what_the_committed_json_gives():
-    out = subprocess.run([sys.executable, str(ROOT / "tools/gpu_kernel_report.py"), str(ROOT / "docs/bench-gpu-kernel.json")],
+    out = subprocess.run([sys.executable, str(ROOT / "tools/gpu_kernel_report.py"), str(ROOT / "docs/benchmarks/gpu/kernel.json")],
                          capture_output=True, text=True, check=True).stdout
-    assert out.strip() == (ROOT / "docs/bench-gpu-kernel-tables.md").read_text().strip()
-    payload = json.loads((ROOT / "docs/bench-gpu-kernel.json").read_text())
+    assert out.strip() == (ROOT / "docs/benchmarks/gpu/kernel-tables.md").read_text().strip()
+    payload = json.loads((ROOT / "docs/benchmarks/gpu/kernel.json").read_text())
     ours = payload["results"]["16384"]["t5_forward"]["relpos_triton"]["ms"]
-    assert f"{ours:.2f}" in (ROOT / "docs/bench-gpu-kernel.md").read_text()  # the page's headline number
+    assert f"{ours:.2f}" in (ROOT / "docs/benchmarks/gpu/kernel.md").read_text()  # the page's headline number

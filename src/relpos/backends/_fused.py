@@ -33,7 +33,7 @@ __all__ = [
     "tile_forward", "tile_gradients", "tiled_sdpa",
 ]
 
-_BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks.md)
+_BLOCK_ELEMENTS = 1 << 21  # measured best of 2**19 .. 2**24 on a 2-core CPU (docs/benchmarks/attention/index.md)
 
 
 def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -26,7 +26,7 @@ from ..encodings.bias import hankel_view
 
 __all__ = ["CAUSAL_CHUNK", "Tile", "plan_tiles", "tile_bias"]
 
-CAUSAL_CHUNK = 256  # query rows per causal chunk: measured best of 128..1024 at L = 4096 (docs/benchmarks.md)
+CAUSAL_CHUNK = 256  # query rows per causal chunk: measured best of 128..1024 at L = 4096 (docs/benchmarks/attention/index.md)
 
 
 class Tile(NamedTuple):

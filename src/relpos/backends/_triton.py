@@ -445,7 +445,7 @@ class _Blocks:
 
 
 #: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64: the fastest of
-#: ``benchmarks/gpu_kernel.py --sweep`` on an H100 (T5 bias, bf16, B=4, H=16, L=4096; docs/bench-gpu-kernel.md):
+#: ``benchmarks/gpu_kernel.py --sweep`` on an H100 (T5 bias, bf16, B=4, H=16, L=4096; docs/benchmarks/gpu/kernel.md):
 #: forward 64 x 64 1.54 ms against 128 x 64 2.10 and 64 x 128 1.99 (128 x 128 with 8 warps did not fit);
 #: dk/dv 32 x 128 5.96 ms against 64 x 64 6.28; dq 64 x 64 5.31 ms against 64 x 32 5.73 (training steps).
 #: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here).

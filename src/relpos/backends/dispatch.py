@@ -44,7 +44,7 @@ __all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", 
 Backend = Literal["auto", "eager", "sdpa", "fused", "flex", "triton"]
 BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "fused", "flex", "triton")
 BiasLike = Union[AdditiveBias, OffsetBias, torch.Tensor, None]
-_FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks.md)
+_FUSED_MIN_SCORES = 1 << 21  # B*H*Lq*Lk below which the math kernel beats the fused path (docs/benchmarks/attention/index.md)
 _FLEX_MIN_HEAD_DIM = 16  # torch 2.11's flex lowering on CUDA: "embedding dimension ... must be at least 16"
 
 
@@ -284,7 +284,7 @@ def _choose(call: _Call) -> BackendChoice:
         triton_no = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call costs less than compiling the kernel's variant"
     elif triton_no is None and call.bias is None:
         triton_no = "no position term: SDPA's own flash/cuDNN kernels are faster"
-    if triton_no is None:  # measured on an H100 (docs/bench-gpu-kernel.md): the fastest route for a position term
+    if triton_no is None:  # measured on an H100 (docs/benchmarks/gpu/kernel.md): the fastest route for a position term
         rejected.update(
             sdpa="SDPA reads the bias as an (Lq, Lk) view or copy, and its math kernel holds (B, H, Lq, Lk) for a table gradient",
             flex=flex_no or "FlexAttention gathers the bias per score and trains the table with per-score atomics",
@@ -339,7 +339,7 @@ def _choose(call: _Call) -> BackendChoice:
 def _cuda_sdpa_copies(call: _Call) -> str | None:
     """Why SDPA on CUDA would copy the bias view into a dense ``(B, H, Lq, Lk)`` tensor, or None.
 
-    Measured on an H100 (torch 2.11, docs/benchmarks.md): cuDNN reads the view in place for bf16/fp16
+    Measured on an H100 (torch 2.11, docs/benchmarks/gpu/index.md): cuDNN reads the view in place for bf16/fp16
     when the key range is whole; otherwise SDPA lands in its memory-efficient kernel, which copies the
     bias to align it (fp32 queries; padded tiles, whose key ranges end anywhere).
     """
@@ -529,7 +529,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
 def _sdpa_mask_dtype(query: torch.Tensor) -> torch.dtype:
     """The dtype of the bias or mask handed to SDPA: fp32 (or fp64) on CPU, whose kernels take it with bf16
     and fp16 queries; the query's own dtype elsewhere. On CUDA, a bf16 query with an fp32 bias sends SDPA to
-    cuDNN, which returned NaN for every row (torch 2.11, H100; docs/benchmarks.md), while the memory-efficient
+    cuDNN, which returned NaN for every row (torch 2.11, H100; docs/benchmarks/gpu/index.md), while the memory-efficient
     kernel refuses it; in the query's dtype cuDNN reads the view as it is (no copy) and is exact."""
     return accumulate_dtype(query.dtype) if query.device.type == "cpu" else query.dtype
 

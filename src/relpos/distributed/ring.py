@@ -42,7 +42,7 @@ __all__ = ["PIECE_ROWS", "QUERY_ROWS", "ring_attention"]
 #: flight. QUERY_ROWS: query rows per attention block. Measured on 2 CPU processes at L = 16384 (docs/distributed.md).
 PIECE_ROWS = 2048
 QUERY_ROWS = 2048
-#: Scores per block of the backward's workspace: half the single-process size (docs/benchmarks.md), since that
+#: Scores per block of the backward's workspace: half the single-process size (docs/benchmarks/attention/index.md), since that
 #: fixed workspace does not shrink with the number of ranks while everything else does (docs/distributed.md).
 BACKWARD_BLOCK = 1 << 20
 

@@ -50,7 +50,7 @@ __all__ = [
 Impl = Literal["auto", "tiles", "fold", "reference"]
 IMPLS = ("auto", "tiles", "fold", "reference")
 # Forward blocks: 768 query rows, the length from which SDPA's CPU flash kernel uses its largest query
-# block (256), measured fastest in docs/bench-sam.md; fewer when a block's mask (H * rows * N) would
+# block (256), measured fastest in docs/benchmarks/vision/sam.md; fewer when a block's mask (H * rows * N) would
 # pass 2**26 elements; short sequences (windows) go several examples per call up to that size.
 _FORWARD_ROWS = 768
 _FORWARD_ELEMENTS = 1 << 26

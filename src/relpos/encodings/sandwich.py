@@ -60,7 +60,7 @@ class SandwichBias(RelativeBias):
     def _inner_by_distance(self, farthest: int, device: torch.device) -> torch.Tensor:
         """``sum_k cos(r w_k) - d'/2`` for r = 0 .. at least ``farthest`` (fp64), computed once and kept:
         d'/2 cosines per offset cost more than the attention they bias (measured 1.27x -> the Kerple
-        ratio at L = 2048; docs/benchmarks-encodings.md); cos is even, so |r| indexes it."""
+        ratio at L = 2048; docs/benchmarks/encodings/index.md); cos is even, so |r| indexes it."""
         cached = self._inner_cache
         if cached is None or cached.device != device or cached.numel() <= farthest:
             size = max(farthest + 1, 2 * (0 if cached is None else cached.numel()))  # grow geometrically

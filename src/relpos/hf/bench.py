@@ -20,7 +20,7 @@ peak resident memory added by the call, with glibc's mmap threshold fixed so eac
 (:func:`relpos.tools.bench.fix_mmap_threshold`). A family that ``accelerate``
 refuses (an adapter not in this installation) is skipped with its message.
 
-    python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/bench-bloom.json --markdown docs/bench-bloom.md
+    python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/benchmarks/alibi-families/bloom.json --markdown docs/benchmarks/alibi-families/bloom.md
 """
 
 from __future__ import annotations

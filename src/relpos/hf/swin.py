@@ -236,7 +236,7 @@ def recompute_activations(model: nn.Module, enabled: bool = True) -> nn.Module:
     :func:`relpos.projected_window_attention` and are recomputed in the backward: three matmuls) and
     each MLP keeps its pre-activation only (the activation is recomputed); outputs and gradients are
     unchanged (tested against the unmodified models). Measured on a Swin V2 tiny-like model
-    (docs/bench-swin.md).
+    (docs/benchmarks/vision/swin.md).
     ``enabled=False`` or :func:`relpos.hf.restore` removes it.
     """
     enabled = check_bool("enabled", enabled)
