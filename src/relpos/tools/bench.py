@@ -35,10 +35,10 @@ import torch.nn.functional as F
 import relpos
 
 from .._checks import check_choice, check_device, check_positive_float
-from .._io import write_text
+from .._io import write_generated, write_text
 from .._progress import Progress
 
-__all__ = ["BenchConfig", "run_bench", "markdown_tables", "fix_mmap_threshold", "add_device_arguments", "device_arguments"]
+__all__ = ["BenchConfig", "run_bench", "markdown_tables", "report_markdown", "fix_mmap_threshold", "add_device_arguments", "device_arguments"]
 
 HEADS, HEAD_DIM, SCALE = 8, 64, 0.125
 
@@ -546,18 +546,26 @@ def run_from_args(args) -> int:
     if unknown:
         raise ValueError(f"--modes must be among {', '.join(MODES)}; got {sorted(unknown)}")
     report = run_bench(config)
-    text = markdown_tables(report)
-    length = 4096 if 4096 in config.lengths else max(config.lengths)
+    text = report_markdown(report)
+    print(text)
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=1))
+    if args.markdown:
+        write_generated(args.markdown, text, args.json)
+    return 0
+
+
+def report_markdown(report: dict) -> str:
+    """What ``--markdown`` writes: the machine, :func:`markdown_tables` and the targets table (:func:`ratio_summary`
+    at L = 4096, or the longest length run). ``tools/bench_tables.py`` renders the committed tables with it; a
+    report from before ``device`` and ``dtype`` were recorded is rendered without them."""
+    machine, config = report["machine"], report["config"]
+    length = 4096 if 4096 in config["lengths"] else max(config["lengths"])
     summary = [f"| target, measured at L={length} | measured | goal (set for L=4096) |", "|---|---|---|"]
     summary += [f"| {a} | {b} | {c} |" for a, b, c in ratio_summary(report, length)]
     if length != 4096:
         summary += ["", f"Measured at L={length}, not 4096: at short lengths fixed per-call costs dominate, so these "
                         "ratios do not say whether the L=4096 goals are met (run with --lengths 4096 for that)."]
-    machine = report["machine"]
-    header = f"machine: {machine['processor']}, {machine['device']}, {machine['cpus']} threads, {config.dtype}, torch {machine['torch']}, transformers {machine['transformers']}"
-    print(header, "", text, "\n".join(summary), sep="\n")
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))
-    if args.markdown:
-        write_text(args.markdown, header + "\n\n" + text + "\n" + "\n".join(summary) + "\n")
-    return 0
+    where = ", ".join([machine["processor"], *([machine["device"]] if "device" in machine else []), f"{machine['cpus']} threads",
+                       *([config["dtype"]] if "dtype" in config else []), f"torch {machine['torch']}", f"transformers {machine['transformers']}"])
+    return f"machine: {where}\n\n" + markdown_tables(report) + "\n" + "\n".join(summary) + "\n"
