@@ -1,4 +1,4 @@
-"""The model benchmark of docs/transformers.md: transformers eager / sdpa vs relpos.hf.accelerate, per family.
+"""The model benchmark of docs/integrations/*.md: transformers eager / sdpa vs relpos.hf.accelerate, per family.
 
     python benchmarks/t5_model.py --json docs/benchmarks/t5-family/t5.json --markdown docs/benchmarks/t5-family/t5.md
     OMP_NUM_THREADS=1 python benchmarks/t5_model.py --family bloom --lengths 2048 --batches 2 \

@@ -6,7 +6,7 @@ ROOT is a directory laid out like transformers' repository: ``tests/`` with the 
 (``test_modeling_common.py`` ... from transformers' sdist), ``tests/generation``, ``tests/utils``,
 ``tests/models/<family>/test_modeling_<family>.py`` (from transformers' repository history that runs
 against the installed release), ``utils/test_module`` and ``src/transformers`` (a link to the installed
-package). relpos does not ship transformers' code: docs/transformers.md says how to assemble ROOT.
+package). relpos does not ship transformers' code: docs/integrations/model-tests.md says how to assemble ROOT.
 
 Every ``PreTrainedModel`` the tests build is passed to ``relpos.hf.accelerate`` at the end of its
 ``post_init`` (a pytest plugin: this file, loaded with ``-p hf_model_tests``; the patch lives in the
@@ -95,7 +95,7 @@ def _test_file(root: pathlib.Path, family: str) -> pathlib.Path:
     folder, name = _FILES.get(family, (family, f"test_modeling_{family}.py"))
     path = root / "tests" / "models" / folder / name
     if not path.is_file():
-        raise SystemExit(f"--families: {family!r} has no {path} (see docs/transformers.md to assemble ROOT)")
+        raise SystemExit(f"--families: {family!r} has no {path} (see docs/integrations/model-tests.md to assemble ROOT)")
     return path
 
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write every result here")
     args = parser.parse_args(argv)
     if not (args.root / "tests" / "test_modeling_common.py").is_file():
-        raise SystemExit(f"root: {args.root} has no tests/test_modeling_common.py (see docs/transformers.md)")
+        raise SystemExit(f"root: {args.root} has no tests/test_modeling_common.py (see docs/integrations/model-tests.md)")
     report = {}
     for family in [f.strip() for f in args.families.split(",") if f.strip()]:
         results = _run(args.root, family, True, args.expr, args.timeout)

@@ -1,5 +1,5 @@
 """Which transformers releases relpos.hf's adapters fit: a tiny model of each family, accelerated, logits against
-transformers' own (docs/transformers.md, "Which releases").
+transformers' own (docs/integrations/index.md, "Which releases").
 
     pip install --no-deps --target /tmp/tf-5.15.0 transformers==5.15.0        # the release to probe
     pip install --target /tmp/tf-deps transformers==5.0.0                      # an old release's dependencies

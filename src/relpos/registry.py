@@ -4,7 +4,7 @@ model and the docs' table read.
 Adding an encoding is one module plus one :class:`Encoding` here: its name, label, paper, kind,
 a builder from ``(num_heads, head_dim, causal, options)`` and the options it takes. Everything
 else (``relpos plot bias --kind``, ``/api/bias``, ``relpos extrapolate --encodings``, the table in
-docs/encodings.md) lists and builds encodings from :data:`ENCODINGS`.
+docs/encodings/index.md) lists and builds encodings from :data:`ENCODINGS`.
 
 >>> get("kerple").create(2, 8).materialize(2, 2)[0, 0]
 tensor([[ 0.0000, -0.6931],
@@ -238,7 +238,7 @@ def get(name: str) -> Encoding:
 
 
 def markdown_table() -> str:
-    """The table of docs/encodings.md: name, encoding, paper, kind, attention paths."""
+    """The table of docs/encodings/index.md: name, encoding, paper, kind, attention paths."""
     rows = ["| name | encoding | paper | kind | attention paths |", "|---|---|---|---|---|"]
     rows += [f"| `{e.name}` | {e.label} | {e.paper} | {e.kind} | {e.paths} |" for e in ENCODINGS.values()]
     return "\n".join(rows)

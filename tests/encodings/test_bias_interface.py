@@ -1,4 +1,4 @@
-"""The bias interface: a new relative bias writes only bias_at() and gets the rest (docs/encodings.md)."""
+"""The bias interface: a new relative bias writes only bias_at() and gets the rest (docs/encodings/interface.md)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import relpos
 
 
 class LinearDistance(relpos.RelativeBias):
-    """The example of docs/encodings.md: b = -slope_h * |j - i|."""
+    """The example of docs/encodings/interface.md: b = -slope_h * |j - i|."""
 
     def __init__(self, slopes):
         super().__init__()

@@ -97,5 +97,5 @@ def test_bias_api_draws_the_new_kinds(kind):
 
 
 def test_docs_table_is_the_registrys():
-    docs = (pathlib.Path(__file__).parents[2] / "docs" / "encodings.md").read_text()
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "encodings" / "index.md").read_text()
     assert registry.markdown_table() in docs

@@ -181,7 +181,7 @@ def test_attention_weights_come_from_transformers_forward(kind, attn):
 def test_whole_model_attention_weights_equal_transformers(kind, how):
     """SAM's layers never pass ``output_attentions`` to their attention: transformers records the weights the
     modules return. Accelerated, the model returns the same weights (``config.output_attentions = True`` or per
-    call), found by transformers' own test_attention_outputs (docs/transformers.md)."""
+    call), found by transformers' own test_attention_outputs (docs/integrations/model-tests.md)."""
     reference = _build(kind, "eager")
     accelerated = rh.accelerate(copy.deepcopy(reference))
     pixels = _inputs(kind)["pixel_values"]

@@ -1,4 +1,4 @@
-"""tools/probe_transformers.py, the probe behind docs/transformers.md's release table: on the installed release every
+"""tools/probe_transformers.py, the probe behind the release table of docs/integrations/index.md: on the installed release every
 family accelerates with transformers' logits, and a release that does not fit comes back as its refusal."""
 
 import sys

@@ -49,7 +49,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[str, type], ...]) -> None:
     parser.add_argument("--preset", choices=sorted(presets), default="default",
                         help="size of the run: default (about ten minutes on 2 cores), reference (the committed evidence, "
-                             "about two hours: see --estimate-only), full (longer), smoke (seconds); docs/extrapolate.md")
+                             "about two hours: see --estimate-only), full (longer), smoke (seconds); docs/experiments/running.md")
     parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
                              f"rope_randomized: RoPE at randomized positions, Ruoss et al. 2023; default: {', '.join(MODELS)}; "

@@ -9,7 +9,7 @@ Two ways (``RunConfig.parallel``):
   a single process computes it, so the results do not depend on the number of processes. On 2 CPU cores the models of this experiment
   are too small for two processes to share one batch well: two single-thread runs side by side take
   1.5x (text, 29 ms per step each) to 2.3x (tasks) less time per run than one run split over both
-  (docs/extrapolate.md, "Presets").
+  (docs/experiments/running.md, "Two processes").
 * ``"batch"``: every process takes its slice of each run's batch and DistributedDataParallel averages
   the gradients (the earlier way; the committed text reference was made so).
 

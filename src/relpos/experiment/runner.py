@@ -46,18 +46,18 @@ from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS, models, rope_scalin
 __all__ = ["PRESETS", "TASK_PRESETS", "PARTIAL", "RunConfig", "make_problem", "train_steps", "plateau", "estimate", "t5_buckets", "run"]
 
 PRESETS: dict[str, dict] = {
-    # the default run: three seeds of ten models, about 8 minutes on 2 CPU cores (docs/extrapolate.md)
+    # the default run: three seeds of ten models, about 8 minutes on 2 CPU cores (docs/experiments/running.md)
     "default": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=500, lr=3e-3, eval_tokens=16384,
                     max_bytes=2_000_000, seeds=(0, 1, 2)),
     # longer and larger, for better numbers: several times the default run's time
     "full": dict(dim=96, layers=2, heads=4, train_len=128, batch=32, steps=1200, lr=2e-3, eval_tokens=65536,
                  max_bytes=None, seeds=(0, 1, 2)),
-    # the committed evidence (docs/extrapolate.md, "reference"): every model, a learning-rate sweep per encoding
+    # the committed evidence (docs/experiments/: text.md, tasks.md): every model, a learning-rate sweep per encoding
     # (1000 steps of each constant rate), every model trained 3000 steps at its constant rate and
     # 600 of cool-down, the plateau rule checked at the end of the constant rate (a rule that may
-    # stop earlier stopped runs on temporary plateaus: docs/extrapolate.md), learning curves, 1 MB
+    # stop earlier stopped runs on temporary plateaus: docs/experiments/method.md), learning curves, 1 MB
     # of held-out text from many files at every length, a second corpus (C headers), bootstrap
-    # intervals (--estimate-only prints the estimate; docs/extrapolate.md gives the measured time)
+    # intervals (--estimate-only prints the estimate; docs/experiments/running.md gives the measured time)
     "reference": dict(dim=64, layers=2, heads=4, train_len=64, batch=32, steps=1000, max_steps=3000, plateau_from=3000, lr=1e-2,
                       lrs=(3e-3, 1e-2, 3e-2), eval_every=100, val_windows=512, eval_tokens=1_048_576, max_bytes=None,
                       seeds=(0, 1, 2), encodings=ALL_MODELS,

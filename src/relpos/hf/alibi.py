@@ -152,8 +152,8 @@ def model_alibi(num_heads: int, slopes: list[float]) -> ALiBi:
     return ALiBi(num_heads, slopes=slopes, device="cpu")
 
 
-#: the transformers releases relpos.hf is tested with (pyproject.toml's dev extra; docs/transformers.md)
-TESTED_TRANSFORMERS = ">= 5.15, < 5.25 (CI runs the newest; docs/transformers.md says what each older release lacks)"
+#: the transformers releases relpos.hf is tested with (pyproject.toml's dev extra; docs/integrations/index.md)
+TESTED_TRANSFORMERS = ">= 5.15, < 5.25 (CI runs the newest; docs/integrations/index.md says what each older release lacks)"
 
 
 def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[list[str], ...],

@@ -133,7 +133,7 @@ def _per_tile(module: nn.Module) -> bool:
 def _tables_learn(module: nn.Module) -> bool:
     """A layout table needs a gradient. Per tile, autograd would then keep every tile's ``(B, H, T, L)`` bias,
     its distance indices and SDPA's math-kernel scores: more than transformers' dense build (training grid,
-    B = 4, L = 2048: 1.37x its memory at 0.69x its speed; docs/transformers.md), so training takes the dense build."""
+    B = 4, L = 2048: 1.37x its memory at 0.69x its speed; docs/integrations/t5-like.md), so training takes the dense build."""
     return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
 
