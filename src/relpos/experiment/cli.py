@@ -10,6 +10,7 @@ import os
 import pathlib
 import sys
 
+from .._cli import HelpFormatter
 from .._io import json_safe, write_text
 from ..encodings.buckets import STRATEGIES
 from . import runner
@@ -18,13 +19,29 @@ from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS
 
-__all__ = ["add_arguments", "add_task_arguments", "config_from_args", "task_configs_from_args", "run_from_args",
+__all__ = ["DESCRIPTION", "TASKS_DESCRIPTION", "DEFAULT_OUT", "DEFAULT_TASKS_OUT", "add_arguments", "add_task_arguments",
+           "config_from_args", "task_configs_from_args", "run_from_args",
            "run_tasks_from_args", "main"]
 
 DEFAULT_TASKS = ("copy", "reverse", "sort")
 #: the reference preset's tasks: Kazemnejad et al.'s that fit the budget (sort is left out: it needs no
 #: positions) and SCAN's length split
 REFERENCE_TASKS = ("copy", "reverse", "addition", "parity", "summation", "scan")
+#: where each experiment writes when --out is not given: a folder in the current directory (the
+#: repository's .gitignore lists both, so a run inside a clone leaves no untracked files)
+DEFAULT_OUT, DEFAULT_TASKS_OUT = "relpos-extrapolate", "relpos-tasks"
+DESCRIPTION = (
+    "Train small byte-level language models on short windows of text and test them on windows up to 16 times "
+    "longer, one model per position encoding (and RoPE with each scaling, no fine-tuning), over several seeds; "
+    "print bits per byte at every length and write results.json, results.md, a plot and checkpoints to --out "
+    f"(by default ./{DEFAULT_OUT}/). --preset sets the size; --estimate-only prints the time first."
+)
+TASKS_DESCRIPTION = (
+    "Train small models on short instances of algorithmic tasks (copy, reverse, sort, addition, ... and SCAN's "
+    "length split) and test exact-match accuracy on longer ones, one model per position encoding, over several "
+    "seeds; print a ranking past the training lengths and write one folder per task plus summary.md and "
+    f"summary.json to --out (by default ./{DEFAULT_TASKS_OUT}/). --estimate-only prints the time first."
+)
 
 
 def _csv(kind, text: str, option: str) -> tuple:
@@ -59,15 +76,18 @@ def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[s
                              f"from: {', '.join(ROPE_SCALING_ROWS)} (default: all; the reference presets: fewer)")
     parser.add_argument("--seeds", help="seeds as 0,1,2 or a count (3 = 0,1,2); default: the preset's (3)")
     for name, kind in sizes:
-        parser.add_argument(f"--{name}", type=kind, help="overrides the preset")
+        parser.add_argument(f"--{name}", type=kind, help="overrides the preset (default: the preset's)")
     parser.add_argument("--lrs", help="learning-rate sweep, e.g. 1e-3,3e-3,1e-2: each model's rate is chosen on "
                                       "in-distribution validation (default: the preset's; the reference preset sweeps)")
-    parser.add_argument("--lr-from", help="each model's learning rate as an earlier run chose it (that run's results.json); no sweep")
-    parser.add_argument("--eval-every", type=int, help="steps between learning-curve points (0: only the end)")
+    parser.add_argument("--lr-from", help="each model's learning rate as an earlier run chose it (that run's results.json); no sweep "
+                                          "(default: none: --lrs or the preset's rates)")
+    parser.add_argument("--eval-every", type=int, help="steps between learning-curve points (0: only the end) (default: the preset's: "
+                                                       "0, 100 for the reference presets)")
     parser.add_argument("--max-steps", type=int,
                         help="train to a plateau: the constant rate until the validation loss gains < 1%% over the last "
                              "20%% of the steps (checked at every --eval-every, from --steps on) or this many steps, then a "
-                             "cool-down of 20%% of the steps done (0: exactly --steps, cosine; the reference text preset: 3000, with --plateau-from 3000)")
+                             "cool-down of 20%% of the steps done (0: exactly --steps, cosine) (default: the preset's: 0; the "
+                             "reference text preset: 3000, with --plateau-from 3000)")
     parser.add_argument("--plateau-from", type=int,
                         help="with --max-steps: the first step at which the plateau rule may end the constant rate "
                              "(default: --steps; equal to --max-steps: a fixed budget, the rule only reported)")
@@ -91,12 +111,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos extrapolate``: byte-level language modelling, trained short and tested long."""
     _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int), ("val-windows", int)))
     parser.add_argument("--multipliers", default="1,2,4,8,16", help="evaluation lengths as multiples of --train-len")
-    parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128")
-    parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)}")
+    parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128 "
+                                                     "(default: none, no ablation)")
+    parser.add_argument("--bucketing", default="", help=f"ablation: T5 bias with these strategies, from {', '.join(STRATEGIES)} "
+                                                          "(default: none, no ablation)")
     parser.add_argument("--corpus", help="a text file or a folder of text files (default: the Python standard library)")
-    parser.add_argument("--second-corpus", help="a second text (a folder) evaluated the same way (reference: /usr/include, C headers)")
-    parser.add_argument("--second-eval-tokens", type=int, help="held-out bytes per length on the second corpus")
-    parser.add_argument("--out", default="relpos-extrapolate", help="folder for results.json, results.md, the plot and checkpoints")
+    parser.add_argument("--second-corpus", help="a second text (a folder) evaluated the same way (default: the preset's: none; "
+                             "the reference preset: /usr/include, C headers)")
+    parser.add_argument("--second-eval-tokens", type=int, help="held-out bytes per length on the second corpus (default: the preset's, "
+                             "or --eval-tokens)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for results.json, results.md, the plot and checkpoints, created if missing "
+                             f"(default: {DEFAULT_OUT}, in the current directory)")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +132,9 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
                                         f"2018: its own lengths, --train-max and --test-lengths do not apply) (default: {','.join(DEFAULT_TASKS)}; "
                                         f"reference preset: {','.join(REFERENCE_TASKS)})")
     parser.add_argument("--test-lengths", help="instance lengths to test, e.g. 8,16,32,64 (default: the preset's)")
-    parser.add_argument("--out", default="relpos-tasks", help="folder: one subfolder per task, and summary.md")
+    parser.add_argument("--out", default=DEFAULT_TASKS_OUT,
+                        help="folder: one subfolder per task, and summary.md, created if missing "
+                             f"(default: {DEFAULT_TASKS_OUT}, in the current directory)")
 
 
 def _check_models(text: str) -> tuple[str, ...]:
@@ -267,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m relpos.experiment [tasks] ...`` (and under torchrun): the same as the CLI."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tasks = bool(argv) and argv[0] == "tasks"
-    parser = argparse.ArgumentParser(prog="relpos tasks" if tasks else "relpos extrapolate")
+    parser = argparse.ArgumentParser(prog="relpos tasks" if tasks else "relpos extrapolate",
+                                     description=TASKS_DESCRIPTION if tasks else DESCRIPTION, formatter_class=HelpFormatter)
     (add_task_arguments if tasks else add_arguments)(parser)
     args = parser.parse_args(argv[1:] if tasks else argv)
     try:
