@@ -352,3 +352,15 @@ def test_small_corpora_split_whatever_their_file_names(tmp_path):
         single.write_bytes(b"the cat sat on the mat. " * 1400)  # 33.6 KB
         corpus = load_corpus(single)
         assert corpus.train.numel() > corpus.val.numel() > 1000, name
+
+
+def test_plot_gives_every_model_its_own_colour(tmp_path, monkeypatch):
+    from relpos.experiment import report as reporting
+    from relpos.experiment.variants import ALL_MODELS
+
+    names = [*ALL_MODELS, *(f"rope + {s}" for s in ROPE_SCALING_ROWS)]  # more than tab10 + Dark2's 18 colours
+    seen = {}
+    monkeypatch.setattr(reporting, "_draw", lambda ax, report, drawn, colours, percent: seen.update(colours))
+    report = {"metric": "bits_per_byte", "summary": dict.fromkeys(names), "config": {"seeds": [0]}, "problem": "text"}
+    reporting.plot(report, tmp_path / "p.png")
+    assert set(seen) == set(names) and len(set(seen.values())) == len(names)

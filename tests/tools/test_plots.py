@@ -72,3 +72,33 @@ def test_plot_sizes_are_bounded_before_any_work(tmp_path, capsys, monkeypatch, a
         main([*argv, "-o", str(tmp_path / "p.png")])
     assert info.value.code == 2 and phrase in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
+
+
+def _bucket_map_colours(monkeypatch, tmp_path, num_buckets: int) -> list[tuple]:
+    """The colours ``relpos plot buckets`` gives the buckets, read from the drawn figure's colour map."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to inspect it
+    plots.plot_buckets(tmp_path / "b.png", num_buckets=num_buckets, max_distance=4 * num_buckets, length=8)
+    (fig,) = kept
+    cmap = fig.axes[0].images[0].cmap
+    colours = [tuple(round(255 * c) for c in cmap(b)[:3]) for b in range(num_buckets)]  # 8-bit RGB, as saved
+    monkeypatch.undo()
+    plt.close(fig)
+    return colours
+
+
+@pytest.mark.parametrize("num_buckets", [32, 128])
+def test_every_bucket_has_its_own_colour(monkeypatch, tmp_path, num_buckets):
+    colours = _bucket_map_colours(monkeypatch, tmp_path, num_buckets)
+    assert len(set(colours)) == num_buckets  # T5's 32 and 128: no two buckets share a colour (was 20)
+    assert all(a != b for a, b in zip(colours, colours[1:]))
+
+
+@pytest.mark.parametrize("count", [1, 18, 19, 25, 60, 256])
+def test_palettes_are_pairwise_distinct(count):
+    for colours in (plots.bucket_colours(count), plots.category_colours(count)):
+        assert len(colours) == count and len({tuple(round(255 * c) for c in rgb) for rgb in colours}) == count
+    with pytest.raises(ValueError, match="num_buckets must be positive, got 0"):
+        plots.bucket_colours(0)

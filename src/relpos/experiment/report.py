@@ -352,7 +352,7 @@ def _draw(ax, report: dict, names: list[str], colours: dict, percent: bool) -> N
 def plot(report: dict, path: pathlib.Path, *, title: str | None = None) -> pathlib.Path | None:
     """The metric against length: every trained model (left) and RoPE with each scaling (right);
     error bars are the standard deviation over seeds."""
-    from ..tools.plots import pyplot
+    from ..tools.plots import category_colours, pyplot
 
     plt = pyplot(required=False)
     if plt is None:
@@ -362,8 +362,7 @@ def plot(report: dict, path: pathlib.Path, *, title: str | None = None) -> pathl
     names = list(report["summary"])
     trained = [n for n in names if not n.startswith("rope + ")]
     scaled = [n for n in names if n.startswith("rope + ")]
-    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
-    colours = {n: palette[i % len(palette)] for i, n in enumerate(trained + scaled)}
+    colours = dict(zip(trained + scaled, category_colours(len(trained + scaled))))  # every model its own colour
     panels = 2 if scaled else 1
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 5.2), squeeze=False)
     _draw(axes[0, 0], report, trained, colours, percent)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from typing import Literal
+from typing import Iterable, Literal
 
 import torch
 
@@ -26,7 +26,7 @@ from ..encodings.log_decay import LogDecayBias
 from ..encodings.window_bias import RelativePositionBias
 
 __all__ = ["BIAS_KINDS", "DECAYS", "EXAMPLE_TOKENS", "bias_matrix", "bias_details", "example_bias", "worked_example_weights",
-           "plot_buckets", "plot_bias", "plot_attention"]
+           "plot_buckets", "plot_bias", "plot_attention", "bucket_colours", "category_colours"]
 
 #: the encodings drawable as a bias matrix (relpos.registry's ``plot=True`` records)
 BIAS_KINDS: tuple[str, ...] = registry.names(plot=True)
@@ -125,6 +125,51 @@ def worked_example_weights(scale: float = 0.3, decay: str = "log") -> tuple[torc
     return standard, biased
 
 
+#: the ordered map bucket colours are sampled from (its darkest and brightest ends left out) and the
+#: darkening of every other bucket, so neighbouring buckets differ in lightness as well as hue
+_BUCKET_MAP, _BUCKET_SPAN, _ALTERNATE_DARKEN = "turbo", (0.04, 0.96), 0.7
+#: categories up to this many get qualitative colours (tab10, then Dark2); more get turbo, spread
+_QUALITATIVE = ("tab10", "Dark2")
+
+
+def _sample_map(name: str, points: Iterable[float]) -> list[tuple[float, float, float]]:
+    """The RGB of colour map ``name`` at ``points`` in [0, 1], interpolated between its entries (so
+    any number of points gets as many distinct colours)."""
+    import numpy as np
+    from matplotlib import colormaps
+
+    table = np.asarray(colormaps[name](np.linspace(0, 1, 256)))[:, :3]
+    grid = np.linspace(0, 1, len(table))
+    return [tuple(float(np.interp(t, grid, table[:, c])) for c in range(3)) for t in points]
+
+
+def bucket_colours(num_buckets: int) -> list[tuple[float, float, float]]:
+    """One colour per bucket, pairwise distinct for any count: the perceptually ordered ``turbo`` map
+    sampled at ``num_buckets`` points in bucket order (so the colour bar reads as distance order), every
+    odd bucket darkened so neighbouring buckets always differ."""
+    num_buckets = check_int("num_buckets", num_buckets, minimum=1)
+    import numpy as np
+
+    low, high = _BUCKET_SPAN
+    colours = _sample_map(_BUCKET_MAP, np.linspace(low, high, num_buckets))
+    return [tuple(c * _ALTERNATE_DARKEN for c in rgb) if b % 2 else rgb for b, rgb in enumerate(colours)]
+
+
+def category_colours(count: int) -> list[tuple[float, float, float]]:
+    """``count`` pairwise distinct colours for unordered categories (the models of a plot): tab10 then
+    Dark2 while they last (18), else ``turbo`` at ``count`` points, visited with a golden-ratio stride so
+    consecutive categories get far-apart hues."""
+    count = check_int("count", count, minimum=0)
+    from matplotlib import colormaps
+
+    qualitative = [tuple(map(float, c[:3])) for name in _QUALITATIVE for c in colormaps[name].colors]
+    if count <= len(qualitative):
+        return qualitative[:count]
+    stride = next(k for k in range(round(count / 1.618), count) if math.gcd(k, count) == 1)
+    low, high = _BUCKET_SPAN
+    return _sample_map(_BUCKET_MAP, [low + (high - low) * (i * stride % count) / (count - 1) for i in range(count)])
+
+
 def _save(fig, path) -> pathlib.Path:
     path = pathlib.Path(path)
     fig.tight_layout()
@@ -164,9 +209,7 @@ def plot_buckets(
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    # discrete colours: neighbouring buckets always differ (a 20-colour qualitative cycle)
-    palette = plt.get_cmap("tab20").colors
-    cmap = ListedColormap([palette[(2 * b) % 20 + (b // 10) % 2] for b in range(num_buckets)]).with_extremes(bad="#d9d9d9")
+    cmap = ListedColormap(bucket_colours(num_buckets)).with_extremes(bad="#d9d9d9")  # one distinct colour per bucket
     norm = BoundaryNorm([b - 0.5 for b in range(num_buckets + 1)], num_buckets)
     im = ax.imshow(_masked_future(buckets, causal), cmap=cmap, norm=norm, interpolation="nearest")
     ticks = list(range(0, num_buckets, max(1, num_buckets // 16)))
