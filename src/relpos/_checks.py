@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 __all__ = ["check_int", "check_bool", "check_choice", "check_positive_float", "check_probability", "check_scale", "check_device", "check_tensor",
-           "check_dtype", "check_real", "check_per_head", "check_shape", "check_grid"]
+           "check_dtype", "check_real", "check_per_head", "check_shape", "check_grid", "check_bias_heads"]
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, hint: str = "") -> int:
@@ -151,3 +151,34 @@ def check_grid(name: str, value: Any) -> tuple[int, int]:
         return check_int(f"{name}[0]", value[0], minimum=1), check_int(f"{name}[1]", value[1], minimum=1)
     size = check_int(name, value, minimum=1)
     return size, size
+
+
+#: more heads than this reads as a sequence length: models use at most a few dozen heads
+_MOST_HEADS = 64
+_LAYOUT_HINT = "; tensors are (B, H, L, d): a (B, L, H, d) tensor needs .transpose(1, 2)"
+
+
+def check_bias_heads(
+    name: str, bias_heads: int, heads: int, *, query_length: int | None = None, owner: str = "the query"
+) -> None:
+    """Refuse a bias whose head count is neither 1 (shared by every head) nor ``heads`` (``owner``'s).
+
+    Given the query's ``query_length`` (its dim 2), the message adds the layout hint when the query looks
+    transposed, (B, L, H, d) where (B, H, L, d) belongs: its dim 2 equals the bias's head count, or its
+    head count is above its length and above what models use.
+
+    >>> check_bias_heads("bias", 1, 12)  # one head, shared: fine
+    >>> check_bias_heads("bias", 8, 128, query_length=8)
+    Traceback (most recent call last):
+    ValueError: bias has num_heads=8 but the query has 128 heads; a bias has 1 head (shared) or one per head; tensors are (B, H, L, d): a (B, L, H, d) tensor needs .transpose(1, 2), or else build bias with num_heads=128 or 1
+    """
+    if bias_heads in (1, heads):
+        return
+    transposed = query_length is not None and (
+        query_length == bias_heads or (heads > _MOST_HEADS and heads > query_length)
+    )
+    fix = f"build {name} with num_heads={heads} or 1"
+    raise ValueError(
+        f"{name} has num_heads={bias_heads} but {owner} has {heads} heads; a bias has 1 head (shared) or one per head"
+        + (f"{_LAYOUT_HINT}, or else {fix}" if transposed else f": {fix}")
+    )

@@ -180,3 +180,34 @@ def test_sdpa_receives_a_view_not_a_dense_bias(monkeypatch):
     mask = seen["mask"]
     assert mask.shape == (1, 4, 64, 64) and not mask.requires_grad
     assert mask.untyped_storage().nbytes() == 4 * (64 + 64 - 1) * mask.element_size()  # O(H (Lq + Lk))
+
+
+LAYOUT_HINT = r"tensors are \(B, H, L, d\): a \(B, L, H, d\) tensor needs \.transpose\(1, 2\)"
+
+
+@pytest.mark.parametrize("bias", [RelativePositionalBias(8), RelativePositionalBias(8).offsets(8, 8)])
+def test_a_transposed_query_gets_the_layout_hint(bias):
+    q = torch.randn(2, 8, 8, 16)  # (B, H, L, d) = (2, 8, 8, 16) ...
+    swapped = torch.randn(2, 32, 8, 16)  # ... and (B, L, H, d) = (2, 32, 8, 16) passed as if it were (B, H, L, d)
+    with pytest.raises(ValueError, match="bias has num_heads=8 but the query has 32 heads; .*" + LAYOUT_HINT):
+        attention(swapped, swapped, swapped, bias=bias)
+    assert attention(q, q, q, bias=bias).shape == q.shape  # the same bias, the right layout
+    long = torch.randn(1, 128, 4, 16)  # (B, L=128, H=4, d) against a bias of 8 heads: 128 heads reads as a length
+    with pytest.raises(ValueError, match="num_heads=8 but the query has 128 heads; .*" + LAYOUT_HINT):
+        attention(long, long, long, bias=RelativePositionalBias(8))
+
+
+def test_a_real_head_mismatch_gets_no_layout_hint():
+    q = torch.randn(2, 4, 16, 8)
+    with pytest.raises(ValueError, match="num_heads=3 but the query has 4 heads; .*num_heads=4 or 1$"):
+        attention(q, q, q, bias=RelativePositionalBias(3))
+
+
+def test_cross_attention_with_a_transposed_query_gets_the_layout_hint():
+    from relpos import cross_attention_with_bias
+
+    query, key = torch.randn(2, 24, 8, 16), torch.randn(2, 12, 8, 16)  # (B, L, H, d): Lq = 24, Lk = 12, H = 8
+    with pytest.raises(ValueError, match="num_heads=8 but the query has 24 heads; .*" + LAYOUT_HINT):
+        cross_attention_with_bias(query, key, key, RelativePositionalBias(8))
+    out = cross_attention_with_bias(query.transpose(1, 2), key.transpose(1, 2), key.transpose(1, 2), RelativePositionalBias(8))
+    assert out.shape == (2, 8, 24, 16)

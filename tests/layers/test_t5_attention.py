@@ -149,7 +149,7 @@ def test_scale_none_is_seed_sqrt_d():
 def test_bad_construction():
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         T5Attention(30, 4)
-    with pytest.raises(ValueError, match="position bias has num_heads=2, this layer has 4"):
+    with pytest.raises(ValueError, match="position bias has num_heads=2 but this layer has 4 heads"):
         T5Attention(32, 4, relative_bias=RelativePositionalBias(2))
     with pytest.raises(ValueError, match=r"x must be \(B, L, embed_dim=32\)"):
         T5Attention(32, 4)(torch.randn(2, 5, 31))

@@ -29,7 +29,7 @@ from typing import Callable, Literal, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ._denormals import flushing
 from ._dropout import draw_seed, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
@@ -60,8 +60,7 @@ def resolve_bias(
     if bias is None:
         return None
     if isinstance(bias, AdditiveBias):
-        if bias.num_heads not in (1, num_heads):
-            raise ValueError(f"bias has num_heads={bias.num_heads} but the query has {num_heads} heads")
+        check_bias_heads("bias", bias.num_heads, num_heads, query_length=query_length)
         return bias.resolve(query_length, key_length, q_offset=q_offset, device=device)
     if isinstance(bias, OffsetBias):
         got = (bias.query_length, bias.key_length, bias.q_offset)
@@ -70,8 +69,7 @@ def resolve_bias(
                 "bias (an OffsetBias) was built for (query_length, key_length, q_offset)="
                 f"{got}, but the attention call has {(query_length, key_length, q_offset)}"
             )
-        if bias.num_heads not in (1, num_heads):
-            raise ValueError(f"bias has num_heads={bias.num_heads} but the query has {num_heads} heads")
+        check_bias_heads("bias", bias.num_heads, num_heads, query_length=query_length)
         return bias
     if isinstance(bias, torch.Tensor):
         return bias

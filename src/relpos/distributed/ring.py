@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .._checks import check_bool, check_choice, check_positive_float, check_scale
+from .._checks import check_bias_heads, check_bool, check_choice, check_positive_float, check_scale
 from ..backends._denormals import flushing
 from ..backends._fused import _finite_lse, accumulate_dtype, fused_available, tile_flash_gradients, tile_forward, tile_gradients
 from ..backends._masks import _runs, check_key_mask
@@ -327,8 +327,7 @@ def _values(bias, length: int, query: torch.Tensor, causal: bool) -> torch.Tenso
             )
         check_defines_future(bias, causal, length, 0, None)
         values = bias.offsets(length, length, device=query.device).values
-    if values.shape[0] not in (1, heads):
-        raise ValueError(f"bias has num_heads={values.shape[0]} but the query has {heads} heads")
+    check_bias_heads("bias", values.shape[0], heads, query_length=query.shape[2])
     if values.device != query.device:
         raise ValueError(f"bias values are on {values.device} but the query is on {query.device}; move the bias with .to(device)")
     return values

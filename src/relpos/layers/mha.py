@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ..backends.dispatch import BACKENDS, Backend, BiasLike, attention, check_defines_future, resolve_bias
 from ..backends._masks import check_key_mask, fold_key_mask
 from ..encodings.bias import AdditiveBias
@@ -125,8 +125,7 @@ class MultiheadAttention(nn.Module):
         if position is None:
             return
         if isinstance(position, AdditiveBias):
-            if position.num_heads not in (1, self.num_heads):
-                raise ValueError(f"position bias has num_heads={position.num_heads}, this layer has {self.num_heads}")
+            check_bias_heads("position bias", position.num_heads, self.num_heads, owner="this layer")
         elif isinstance(position, ForgettingGate):
             if (position.dim, position.num_heads) != (self.embed_dim, self.num_heads):
                 raise ValueError(
