@@ -4,7 +4,8 @@ Answers the T5 bias explainer's pitfall 1 ("cache the bias"): does a cache still
 built per offset? Variants are interleaved and repeated; medians are reported.
 
     python benchmarks/bias_build.py            # prints a markdown table
-    python benchmarks/bias_build.py --json out.json
+    python benchmarks/bias_build.py --json docs/benchmarks/attention/bias-build.json \
+        --markdown docs/benchmarks/attention/bias-build.md
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import torch
 
 import relpos
+from relpos._io import write_generated, write_text
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -73,6 +75,12 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def page(payload: dict) -> str:
+    """What ``--markdown`` writes (and ``tools/bench_tables.py`` renders from the committed JSON)."""
+    return (f"machine: {payload['machine']}, {payload['threads']} threads, torch {payload['torch']}, H={payload['heads']}, fp32"
+            "\n\n" + markdown(payload["rows"]) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="512,1024,2048,4096")
@@ -80,14 +88,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="also write the raw numbers here")
+    parser.add_argument("--markdown", help="also write the table here (into the page's generated region)")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = run([int(x) for x in args.lengths.split(",")], args.heads, args.repeats, args.rounds)
-    print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, H={args.heads}, fp32")
-    print(markdown(rows))
+    payload = {"machine": platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "heads": args.heads, "rows": rows}
+    print(page(payload), end="")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, fh, indent=2)
+        write_text(args.json, json.dumps(payload, indent=2))
+    if args.markdown:
+        write_generated(args.markdown, page(payload), args.json)
 
 
 if __name__ == "__main__":

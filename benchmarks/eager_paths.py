@@ -52,6 +52,21 @@ def measure(encoding: str, length: int = 1024, steps: int = 30) -> dict:
     return {"eval_ms": evaluation * 1000, "eval_rows": windows.shape[0], "step_ms": statistics.median(times) * 1000}
 
 
+def markdown(records: list[dict], before: str = "old", after: str = "new") -> str:
+    """The before/after table of the JSON lines (one per run; the median of each label's runs), as in
+    docs/benchmarks/encodings/eager-paths.md (``tools/bench_tables.py`` renders it from the committed lines)."""
+    def median(label: str, encoding: str, key: str) -> float:
+        return statistics.median(r[encoding][key] for r in records if r["label"] == label)
+
+    encodings = [k for k in records[0] if isinstance(records[0][k], dict)]
+    lines = ["| encoding | evaluation call, before (ms) | after (ms) | speed-up | training step, before (ms) | after (ms) | speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    for name in encodings:
+        (e0, e1), (s0, s1) = ((median(before, name, k), median(after, name, k)) for k in ("eval_ms", "step_ms"))
+        lines.append(f"| {name} | {e0:.0f} | {e1:.0f} | {e0 / e1:.2f}x | {s0:.1f} | {s1:.1f} | {s0 / s1:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--encodings", default="shaw,cope,none,t5")

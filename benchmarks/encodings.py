@@ -1,4 +1,4 @@
-"""The new encodings against SDPA with no bias (and xPos against RoPE): docs/benchmarks/encodings/index.md.
+"""The new encodings against SDPA with no bias (and xPos against RoPE): docs/benchmarks/encodings/timings.md.
 
 Causal self-attention, B=1, H=8, d=64, fp32, CPU. For each length, every variant's forward
 (``torch.no_grad``) and training step (forward + backward into q, k, v and the encoding's own
@@ -7,10 +7,11 @@ median over rounds), so a slow phase of a shared machine hits every variant alik
 memory is measured in a fresh process per variant (``--memory``): the growth of the peak RSS
 over the process's size before the call.
 
-    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory --markdown docs/benchmarks/encodings/index.md
+    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory \
+        --json docs/benchmarks/encodings/timings.json --markdown docs/benchmarks/encodings/timings.md
 
-``--markdown`` into a file holding the markers ``<!-- tables:begin -->`` and ``<!-- tables:end -->``
-replaces what lies between them (``--append``: adds after it) and keeps the prose around them.
+``--markdown`` into a page holding a region generated from the ``--json`` file replaces that region and keeps
+the prose around it (``tools/bench_tables.py`` renders the same region from the committed JSON).
 The ``(denormals kept)`` variants turn relpos's flushing off (``relpos.backends._denormals.ENABLED = False``)
 around each call: what denormal floats would cost Sandwich and the forgetting gates.
 """
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
+from relpos._io import write_generated, write_text
 from relpos.backends import _denormals
 
 HEADS, DIM = 8, 64
@@ -142,16 +144,18 @@ def memory_of(name: str, length: int, train: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def markdown(results: dict, memory: dict, lengths, command: str, title: str, load: float) -> str:
+def markdown(run: dict) -> str:
+    """The table of one run (the dict ``--json`` writes), as ``--markdown`` writes it and ``tools/bench_tables.py``
+    renders it from the committed JSON."""
+    results, memory, m = run["timings_ms"], run["peak_extra_mib"], run["machine"]
     lines = [
-        f"## {title}",
+        f"## {run['title']}",
         "",
-        f"Command: `{command}`",
+        f"Command: `{run['command']}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads: {torch.get_num_threads()}, torch "
-        f"{torch.__version__}; load average {load:.1f} at the start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-        "(the variants are interleaved, one call of each per round, so a slow phase hits all of them; ratios are the "
-        "figures to read).",
+        f"Machine: {m['machine']}, {m['cpus']} CPUs, torch threads: {m['threads']}, torch {m['torch']}; load average "
+        f"{m['load']:.1f} at the start, {m['time']} (the variants are interleaved, one call of each per round, so a slow "
+        "phase hits all of them; ratios are the figures to read).",
         "",
         "Causal self-attention, B = 1, H = 8, d = 64, fp32. Forward: under `torch.no_grad`; train: forward + backward "
         "into q, k, v and the encoding's parameters (gates for the forgetting gate). Median ms over the rounds; the "
@@ -162,7 +166,7 @@ def markdown(results: dict, memory: dict, lengths, command: str, title: str, loa
         "| variant | L | vs | forward ms | ratio | target | train ms | ratio | forward peak MiB | train peak MiB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for length in lengths:
+    for length in run["lengths"]:
         for name, (base, target) in VARIANTS.items():
             key = f"{name}|{length}"
             if f"{key}|forward" not in results:
@@ -176,23 +180,6 @@ def markdown(results: dict, memory: dict, lengths, command: str, title: str, loa
     return "\n".join(lines) + "\n"
 
 
-BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
-
-
-def write_tables(path: str, tables: str, append: bool) -> None:
-    """Put ``tables`` between the file's markers (keeping the prose around them), or write the file."""
-    text = open(path).read() if os.path.exists(path) else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        body, tail = rest.split(END, 1)
-        body = (body.rstrip("\n") + "\n\n" if append and body.strip() else "\n") + tables
-        text = f"{head}{BEGIN}{body}{END}{tail}"
-    else:
-        text = (text + "\n" if append and text else "") + tables
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="2048,4096")
@@ -203,9 +190,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--skip", default="", help="variant|length pairs to leave out, e.g. 'cope|4096'")
     parser.add_argument("--memory", action="store_true", help="also measure peak extra memory (a process per variant)")
-    parser.add_argument("--json")
-    parser.add_argument("--markdown")
-    parser.add_argument("--append", action="store_true", help="append the table to --markdown instead of replacing it")
+    parser.add_argument("--json", help="write the run (timings, memory, machine, command) here")
+    parser.add_argument("--markdown", help="write the table here: into the page's region generated from --json, "
+                        "the prose around it kept")
     parser.add_argument("--title", default="Timings and memory", help="the table's heading")
     args = parser.parse_args(argv)
     if args.threads:
@@ -230,11 +217,15 @@ def main(argv=None) -> int:
     env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
     words = [f"'{w}'" if " " in w or "|" in w else w for w in (argv if argv is not None else sys.argv[1:])]
     command = f"{env} PYTHONPATH=src python benchmarks/encodings.py ".lstrip() + " ".join(words)
+    run = {
+        "title": args.title, "command": command, "lengths": lengths, "timings_ms": results, "peak_extra_mib": memory,
+        "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "load": load, "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+    }
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"timings_ms": results, "peak_extra_mib": memory}, f, indent=1)
+        write_text(args.json, json.dumps(run, indent=1))
     if args.markdown:
-        write_tables(args.markdown, markdown(results, memory, lengths, command, args.title, load), args.append)
+        write_generated(args.markdown, markdown(run), args.json)
     return 0
 
 

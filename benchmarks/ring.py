@@ -1,6 +1,7 @@
 """Context-parallel (ring) attention on 2 CPU processes against one process computing the whole attention.
 
-    python benchmarks/ring.py --json docs/benchmarks/distributed/ring.json --markdown docs/benchmarks/distributed/ring.md
+    python benchmarks/ring.py --lengths 16384 32768 --rounds 3 \
+        --json docs/benchmarks/distributed/ring.json --markdown docs/benchmarks/distributed/ring.md
 
 Two gloo processes with one thread each. In every round, in alternating order: rank 0 alone runs
 ``relpos.attention`` over the whole sequence (one thread; rank 1 waits at a barrier), then both ranks run
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -28,7 +30,7 @@ import torch.multiprocessing as mp
 
 import relpos
 import relpos.distributed as rd
-from relpos._io import write_text
+from relpos._io import write_generated, write_text
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -183,7 +185,18 @@ def markdown(summary: list[dict], args, machine: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def page(payload: dict) -> str:
+    """What ``--markdown`` writes, from what ``--json`` wrote: the command, then :func:`markdown` of :func:`summarize`
+    of the raw samples (``tools/bench_tables.py`` renders the committed tables with it). A JSON whose rows predate
+    the separate memory call (no ``peaks``) is rendered from the summary it holds, which that run's
+    :func:`summarize` computed."""
+    args = parser().parse_args(shlex.split(payload["command"])[2:])
+    rows = payload["rows"]
+    summary = summarize(rows) if all("peaks" in row for row in rows) else payload["summary"]
+    return f"Command: `{payload['command']}`\n\n" + markdown(summary, args, payload["machine"])
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="whole-sequence lengths")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per length and mode")
@@ -194,7 +207,12 @@ def main(argv=None) -> int:
     p.add_argument("--floor", action="store_true",
                    help="also time 'no ring': each process computes its rows against every key held locally (same work, no messages)")
     p.add_argument("--json", help="write the raw samples and the summary here")
-    p.add_argument("--markdown", help="write the summary table here")
+    p.add_argument("--markdown", help="write the summary table here (into the page's region generated from --json)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.floor and args.causal:
         p.error("--floor times the bidirectional case only (its rows-against-every-key split is contiguous)")
@@ -206,15 +224,15 @@ def main(argv=None) -> int:
     mp.spawn(_worker, args=(2, directory, args), nprocs=2, join=True)
     with open(f"{directory}/rows.json") as f:
         rows = json.load(f)
-    summary = summarize(rows)
-    machine = f"{os.cpu_count()} CPU cores, torch {torch.__version__}"
-    table = markdown(summary, args, machine)
-    print(table)
-    command = "python benchmarks/ring.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/ring.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    payload = {"command": command, "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}",
+               "summary": summarize(rows), "rows": rows}
+    text = page(payload)
+    print(text)
     if args.json:
-        write_text(args.json, json.dumps({"command": command, "machine": machine, "summary": summary, "rows": rows}, indent=1))
+        write_text(args.json, json.dumps(payload, indent=1))
     if args.markdown:
-        write_text(args.markdown, f"Command: `{command}`\n\n" + table)
+        write_generated(args.markdown, text, args.json)
     return 0
 
 

@@ -5,6 +5,9 @@
     python benchmarks/sam.py --mode window --rounds 5     # one windowed layer: 25 windows of 14 x 14
     python benchmarks/sam.py --mode encoder --rounds 2
 
+``--json docs/benchmarks/vision/sam.json --markdown docs/benchmarks/vision/sam.md`` keeps each mode's run in the
+JSON (the other modes' runs stay) and writes its table into the page's region generated for that mode.
+
 Variants, interleaved round by round (this kind of shared VM has slow phases lasting seconds):
 * ``hf_sdpa`` / ``hf_eager``: transformers' ``SamVisionSdpaAttention`` / ``SamVisionAttention``;
 * ``relpos_tiles`` / ``relpos_fold``: the same layer accelerated (``relpos.hf.accelerate``'s forward),
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import platform
 import statistics
 import sys
@@ -27,6 +32,7 @@ import sys
 import torch
 
 import relpos.encodings.decomposed as decomposed
+from relpos._io import write_generated, write_text
 from relpos.tools.bench import _measure
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms
 
@@ -146,17 +152,39 @@ def markdown(mode: str, results: dict) -> str:
     return "\n".join(lines)
 
 
+def page(payload: dict, mode: str) -> str:
+    """One mode's table from the JSON ``--json`` keeps (``tools/bench_tables.py`` renders the committed ones)."""
+    results = payload["modes"][mode]["results"]
+    return markdown(mode, {name: (r["ms"], r["peak_mib"], r["samples"]) for name, r in results.items()}) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("forward", "train", "window", "encoder"), default="forward")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--forward-rows", type=int, default=None, help="override the tiles' forward block (query rows)")
+    parser.add_argument("--json", help="keep this mode's run in this JSON file (the other modes' runs stay)")
+    parser.add_argument("--markdown", help="write this mode's table into this page's region generated for it")
     args = parser.parse_args(argv)
     if args.forward_rows:
         decomposed._FORWARD_ROWS = args.forward_rows
     variants = _encoder_variants() if args.mode == "encoder" else _layer_variants(args.mode)
-    print(f"machine: {platform.platform()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(markdown(args.mode, run(variants, args.rounds)))
+    machine = f"{platform.platform()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(f"machine: {machine}")
+    results = run(variants, args.rounds)
+    print(markdown(args.mode, results))
+    payload = {"modes": {}}
+    if args.json and os.path.exists(args.json):
+        with open(args.json) as fh:
+            payload = json.load(fh)
+    payload["modes"][args.mode] = {
+        "command": "python benchmarks/sam.py " + " ".join(sys.argv[1:] if argv is None else argv), "machine": machine,
+        "results": {name: {"ms": ms, "peak_mib": mib, "samples": samples} for name, (ms, mib, samples) in results.items()},
+    }
+    if args.json:
+        write_text(args.json, json.dumps(payload, indent=1))
+    if args.markdown:
+        write_generated(args.markdown, page(payload, args.mode), args.json, part=args.mode)
     return 0
 
 

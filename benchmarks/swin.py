@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import platform
 import sys
 
 import torch
 
-from relpos._io import write_text
+from relpos._io import write_generated, write_text
 from relpos._progress import Progress
 from relpos.tools.bench import _timed_rounds, fix_mmap_threshold
 from relpos.hf import accelerate, recompute_activations
@@ -236,18 +235,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLE_START, TABLE_END = "<!-- bench-swin table: written by benchmarks/swin.py -->", "<!-- end of bench-swin table -->"
-
-
-def _into_page(path: str, table: str) -> str:
-    """The page with its generated part (between the two markers) replaced; the prose around it stays."""
-    block = f"{TABLE_START}\n{table}{TABLE_END}"
-    page = open(path).read() if os.path.exists(path) else ""
-    if TABLE_START in page and TABLE_END in page:
-        return page[: page.index(TABLE_START)] + block + page[page.index(TABLE_END) + len(TABLE_END):]
-    return block + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     fix_mmap_threshold()  # each call's peak resident memory is its own (docs/benchmarks/vision/swin.md)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -266,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))
-    if args.markdown:
-        write_text(args.markdown, _into_page(args.markdown, text))
+    if args.markdown:  # into the page's generated region, the prose around it kept
+        write_generated(args.markdown, text, args.json)
     return 0
 
 

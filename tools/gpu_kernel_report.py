@@ -1,6 +1,7 @@
 """Tables of docs/benchmarks/gpu/kernel.md from the committed JSON of benchmarks/gpu_kernel.py (no hand-copied numbers).
 
-    python tools/gpu_kernel_report.py docs/benchmarks/gpu/kernel.json > docs/benchmarks/gpu/kernel-tables.md
+    python tools/gpu_kernel_report.py docs/benchmarks/gpu/kernel.json   # prints them
+    python tools/bench_tables.py                                         # writes them into docs/benchmarks/gpu/kernel-tables.md
 """
 
 from __future__ import annotations
@@ -70,16 +71,22 @@ def all_variants(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def report(payload: dict) -> str:
+    """The whole tables page: what ``tools/bench_tables.py`` writes into docs/benchmarks/gpu/kernel-tables.md."""
+    return "\n".join([
+        f"Measured: `{payload['command']}`\n\nMachine: {payload['machine']}.\n",
+        "### Headline\n\n" + headline(payload) + "\n",
+        "### Correctness of the forward routes (max |error| against fp32 attention with the dense bias, L = "
+        f"{payload['lengths'][0]}, bf16 inputs)\n\n" + errors(payload) + "\n",
+        "### Tile sweep (T5 bias, first length; forward alone, dk/dv and dq as training steps)\n\n" + sweep(payload) + "\n",
+        "### Every variant (ms, x the case's floor)\n\n" + all_variants(payload),
+    ]) + "\n"
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as fh:
-        payload = json.load(fh)
-    print(f"Measured: `{payload['command']}`\n\nMachine: {payload['machine']}.\n")
-    print("### Headline\n\n" + headline(payload) + "\n")
-    print("### Correctness of the forward routes (max |error| against fp32 attention with the dense bias, L = "
-          f"{payload['lengths'][0]}, bf16 inputs)\n\n" + errors(payload) + "\n")
-    print("### Tile sweep (T5 bias, first length; forward alone, dk/dv and dq as training steps)\n\n" + sweep(payload) + "\n")
-    print("### Every variant (ms, x the case's floor)\n\n" + all_variants(payload))
+        print(report(json.load(fh)), end="")
 
 
 if __name__ == "__main__":

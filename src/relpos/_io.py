@@ -11,7 +11,8 @@ import pathlib
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["atomic_write", "json_safe", "save_torch", "save_with", "write_text"]
+__all__ = ["atomic_write", "generated_begin", "generated_region", "json_safe", "replace_generated", "save_torch", "save_with",
+           "write_generated", "write_text"]
 
 
 def _current_umask() -> int:
@@ -44,6 +45,47 @@ def atomic_write(path: str | os.PathLike, suffix: str = ""):
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(text)
+
+
+#: Closes a page's generated region (see :func:`generated_begin`).
+GENERATED_END = "<!-- end generated -->"
+
+
+def generated_begin(source: str | os.PathLike, part: str | None = None) -> str:
+    """The line that opens a page's generated region: the JSON file it is rendered from (by name) and, where one
+    JSON feeds several regions of a page, which part. ``tools/bench_tables.py --check`` compares each region
+    with what its JSON gives; the prose around the regions is the page's own."""
+    name = os.path.basename(os.fspath(source))
+    return f"<!-- generated from {name}{f' ({part})' if part else ''} by tools/bench_tables.py: do not edit -->"
+
+
+def generated_region(page: str, begin: str) -> str | None:
+    """The text of the region that ``begin`` opens in ``page`` (None if the page has no such region)."""
+    start = page.find(begin + "\n")
+    end = page.find(GENERATED_END, start) if start >= 0 else -1
+    return None if end < 0 else page[start + len(begin) + 1:end]
+
+
+def replace_generated(page: str, begin: str, text: str) -> str | None:
+    """``page`` with the region that ``begin`` opens holding ``text`` (None if the page has no such region)."""
+    old = generated_region(page, begin)
+    if old is None:
+        return None
+    start = page.find(begin + "\n") + len(begin) + 1
+    return page[:start] + text.rstrip("\n") + "\n" + page[start + len(old):]
+
+
+def write_generated(path: str | os.PathLike, text: str, source: str | os.PathLike | None, part: str | None = None) -> None:
+    """Write a benchmark's tables to the page ``path``: into the region generated from ``source`` (the run's JSON)
+    where the page has one, keeping the prose around it; otherwise the page becomes that region alone. Without a
+    ``source`` (no JSON written) the page is just ``text``."""
+    if source is None:
+        write_text(path, text)
+        return
+    begin = generated_begin(source, part)
+    page = pathlib.Path(path).read_text() if os.path.exists(path) else ""
+    new = replace_generated(page, begin, text)
+    write_text(path, new if new is not None else f"{begin}\n{text.rstrip()}\n{GENERATED_END}\n")
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:

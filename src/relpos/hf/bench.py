@@ -38,12 +38,12 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from .._io import write_text
+from .._io import write_generated, write_text
 from .._progress import Progress
 from ..tools.bench import _timed_rounds, add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda
 from .api import accelerate
 
-__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown"]
+__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown", "report_markdown"]
 
 MODES = ("forward", "train", "generate", "layer")
 VARIANTS = ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
@@ -436,16 +436,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _save(report: dict, json_path: str | None, markdown_path: str | None) -> str:
-    """Write the report (atomically) and its tables; a grid stopped early says so in its header."""
+def report_markdown(report: dict) -> str:
+    """What ``--markdown`` writes: the run's header (family, sizes, machine), then :func:`markdown`'s tables.
+    ``tools/bench_tables.py`` renders the committed tables with it; a report from before a field existed
+    (``family``, ``device``, ``dtype``) is rendered without it."""
     machine, c = report["machine"], report["config"]
-    header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; machine: "
-              f"{machine['platform']}, {machine['device']}, {machine['dtype']}, {machine['cpus']} threads, torch {machine['torch']}, transformers {machine['transformers']}")
+    where = ", ".join([machine["platform"], *(machine[k] for k in ("device", "dtype") if k in machine),
+                       f"{machine['cpus']} threads", f"torch {machine['torch']}", f"transformers {machine['transformers']}"])
+    header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; " if "family" in c else "") \
+        + f"machine: {where}"
     if not report.get("complete", True):
         header += "\n\n**Partial**: the run was stopped before every point of the grid (missing points read \"skipped\")."
-    text = header + "\n\n" + markdown(report)
+    return header + "\n\n" + markdown(report)
+
+
+def _save(report: dict, json_path: str | None, markdown_path: str | None) -> str:
+    """Write the report (atomically) and its tables (into the page's generated region where it has one); a grid
+    stopped early says so in its header."""
+    text = report_markdown(report)
     if json_path:
         write_text(json_path, json.dumps(report, indent=1))
     if markdown_path:
-        write_text(markdown_path, text)
+        write_generated(markdown_path, text, json_path)
     return text
