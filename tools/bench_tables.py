@@ -137,6 +137,9 @@ TABLES: list[Table] = [
     Table("encodings/timings.md", "encodings/timings.json", encodings_table),
     Table("encodings/index.md", "encodings/eager-paths.jsonl", eager_paths_table),
     *_same_name("distributed", ["ring", "ring-floor"], ring_table),
+    # docs/distributed.md shows both ring tables in its own text: the same regions, from the same JSON
+    Table("../distributed.md", "distributed/ring.json", ring_table),
+    Table("../distributed.md", "distributed/ring-floor.json", ring_table),
 ]
 
 #: JSON under docs/benchmarks/ that no table is rendered from, and why.
