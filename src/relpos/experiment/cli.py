@@ -291,13 +291,20 @@ def run_tasks_from_args(args) -> int:
     return 0
 
 
+def build_parser(tasks: bool = False) -> argparse.ArgumentParser:
+    """The parser of ``python -m relpos.experiment`` (``tasks=False``: ``relpos extrapolate``'s options) or of
+    ``python -m relpos.experiment tasks`` (``tasks=True``: ``relpos tasks``'s, given the arguments after ``tasks``)."""
+    parser = argparse.ArgumentParser(prog="relpos tasks" if tasks else "relpos extrapolate",
+                                     description=TASKS_DESCRIPTION if tasks else DESCRIPTION, formatter_class=HelpFormatter)
+    (add_task_arguments if tasks else add_arguments)(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m relpos.experiment [tasks] ...`` (and under torchrun): the same as the CLI."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tasks = bool(argv) and argv[0] == "tasks"
-    parser = argparse.ArgumentParser(prog="relpos tasks" if tasks else "relpos extrapolate",
-                                     description=TASKS_DESCRIPTION if tasks else DESCRIPTION, formatter_class=HelpFormatter)
-    (add_task_arguments if tasks else add_arguments)(parser)
+    parser = build_parser(tasks)
     args = parser.parse_args(argv[1:] if tasks else argv)
     try:
         return (run_tasks_from_args if tasks else run_from_args)(args)
