@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from relpos.encodings.bias import hankel_view
+from relpos.core.bias import hankel_view
 
 
 def main(batch=1, heads=32, kv_heads=8, length=2048, dim=64, rounds=7) -> None:

@@ -16,7 +16,7 @@ Variants, interleaved round by round (this kind of shared VM has slow phases las
 
 Layer: 64 x 64 tokens, 12 heads, head dim 64, B = 1, random weights and std-1 tables. ``train`` is
 forward + backward of the layer (gradients into its input, weights and both tables). Time: median
-of the rounds; memory: peak extra resident memory of one call (``relpos.tools.bench._measure``).
+of the rounds; memory: peak extra resident memory of one call (``relpos._measure.measure``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 import relpos.encodings.decomposed as decomposed
 from relpos._io import write_generated, write_text
-from relpos.tools.bench import _measure
+from relpos._measure import measure
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms
 
 
@@ -136,7 +136,7 @@ def run(variants: dict, rounds: int) -> dict:
         fn()
     for _ in range(rounds):
         for name, fn in variants.items():
-            ms, peak = _measure(fn)
+            ms, peak = measure(fn)
             samples[name].append(ms)
             peaks[name].append(peak)
             print(f"  {name}: {ms:.0f} ms, {peak:.0f} MiB", file=sys.stderr, flush=True)

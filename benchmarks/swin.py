@@ -21,7 +21,7 @@ import torch
 
 from relpos._io import write_generated, write_text
 from relpos._progress import Progress
-from relpos.tools.bench import _timed_rounds, fix_mmap_threshold
+from relpos._measure import fix_mmap_threshold, timed_rounds
 from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")
@@ -163,7 +163,7 @@ def run(args) -> dict:
                 variants[RECOMPUTE] = _runner(mode, recompute_activations(accelerate(copy.deepcopy(base))), pixels)
             if timm_model is not None:
                 variants[TIMM] = _runner(mode, timm_model, pixels)
-            timed = _timed_rounds(variants, args.rounds, progress, f"{mode} window={window}", cuda=False)
+            timed = timed_rounds(variants, args.rounds, progress, f"{mode} window={window}", cuda=False)
             for name, (ms, peak, samples) in timed.items():
                 rows.append({"mode": mode, "window": window, "variant": name, "ms": ms, "peak_mib": peak,
                              "samples": samples})

@@ -3,19 +3,12 @@
 The sign convention everywhere is T5's: ``relative_position = key_position - query_position``.
 """
 
-# encodings: one module each, and the bias interface they share
-from .encodings.bias import AdditiveBias, OffsetBias, RelativeBias
-from .encodings.buckets import (
-    STRATEGIES,
-    BucketRange,
-    bucket_ranges,
-    bucket_table,
-    check_bucket_config,
-    relative_offsets,
-    relative_position_bucket,
-    relative_positions,
-    t5_bucket,
-)
+# core: relative offsets and the bias interface every encoding and backend shares
+from .core.bias import AdditiveBias, OffsetBias, RelativeBias
+from .core.offsets import relative_offsets, relative_positions
+
+# encodings: one module each
+from .encodings.buckets import STRATEGIES, BucketRange, bucket_ranges, bucket_table, check_bucket_config, relative_position_bucket, t5_bucket
 from .encodings.absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
 from .encodings.alibi import ALiBi, alibi_slopes
 from .encodings.clipped import ClippedRelativeBias

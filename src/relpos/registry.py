@@ -20,7 +20,8 @@ from torch import nn
 
 from .encodings.absolute import LearnedAbsolutePositionEmbedding, SinusoidalPositionEmbedding
 from .encodings.alibi import ALiBi
-from .encodings.buckets import relative_position_bucket, relative_positions
+from .core.offsets import relative_positions
+from .encodings.buckets import relative_position_bucket
 from .encodings.clipped import ClippedRelativeBias
 from .encodings.cope import CoPE
 from .encodings.fire import FIREBias

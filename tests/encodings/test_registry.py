@@ -9,7 +9,7 @@ import relpos
 from relpos import registry
 from relpos.tools import explore, plots
 from relpos.tools.cli import build_parser
-from relpos.encodings.bias import AdditiveBias
+from relpos.core.bias import AdditiveBias
 from relpos.experiment import cli as experiment_cli
 from relpos.experiment.model import DEFAULT_ENCODINGS, ENCODINGS, LMConfig, TransformerLM
 from relpos.experiment.variants import ALL_MODELS, MODELS, describe

@@ -311,7 +311,7 @@ def test_rank_zero_borrows_the_waiting_ranks_threads_and_gives_them_back():
 
 
 def test_fire_normalizer_ablation_changes_only_the_queries_past_the_threshold():
-    from relpos.encodings.bias import OffsetBias
+    from relpos.core.bias import OffsetBias
     from relpos.encodings.fire import FIREBias
     from relpos.experiment.diagnostics import fire_normalizer_ablation, fixed_fire_normalizer
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..encodings.buckets import relative_positions
+from ..core.offsets import relative_positions
 
 __all__ = ["KeyRanges", "check_attn_mask", "check_key_mask", "fold_key_mask", "key_ranges"]
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..encodings.bias import hankel_view
+from ..core.bias import hankel_view
 
 __all__ = ["CAUSAL_CHUNK", "Tile", "plan_tiles", "tile_bias"]
 

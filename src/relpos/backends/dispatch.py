@@ -36,8 +36,8 @@ from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_av
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
-from ..encodings.bias import AdditiveBias, OffsetBias, hankel_view
-from ..encodings.buckets import relative_positions
+from ..core.bias import AdditiveBias, OffsetBias, hankel_view
+from ..core.offsets import relative_positions
 
 __all__ = ["Backend", "BiasLike", "BackendChoice", "attention", "resolve_bias", "select_backend"]
 

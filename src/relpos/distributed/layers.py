@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._checks import check_choice, check_positive_float
-from ..encodings.bias import AdditiveBias
+from ..core.bias import AdditiveBias
 from ..encodings.rotary import RotaryEmbedding
 from ..encodings.xpos import XPos
 from ..layers.mha import MultiheadAttention

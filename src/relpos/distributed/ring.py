@@ -30,7 +30,7 @@ from ..backends._fused import _finite_lse, accumulate_dtype, fused_available, ti
 from ..backends._masks import _runs, check_key_mask
 from ..backends._tiles import Tile, plan_tiles
 from ..backends.dispatch import _check_qkv, check_defines_future
-from ..encodings.bias import AdditiveBias, OffsetBias
+from ..core.bias import AdditiveBias, OffsetBias
 from ..encodings.rotary import RotaryEmbedding
 from ..encodings.xpos import XPos
 from ._comm import TAG_FINAL, TAG_GRAD, TAG_KV, Ring

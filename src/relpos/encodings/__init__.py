@@ -1,1 +1,1 @@
-"""Position encodings, one module each, and the bias interface they share (``bias``)."""
+"""Position encodings, one module each, on the bias interface of :mod:`relpos.core`."""

@@ -13,7 +13,7 @@ from typing import Literal, Sequence
 import torch
 
 from .._checks import check_choice, check_device, check_int
-from .bias import LinearForm, OffsetBias, RelativeBias
+from ..core.bias import LinearForm, OffsetBias, RelativeBias
 
 __all__ = ["ALiBi", "alibi_slopes"]
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int
-from .bias import OffsetBias, RelativeBias
+from ..core.bias import OffsetBias, RelativeBias
 
 __all__ = ["ClippedRelativeBias"]
 

@@ -25,7 +25,7 @@ from torch import nn
 from .._checks import check_bool, check_device, check_int, check_positive_float, check_scale, check_tensor
 from ..backends._masks import check_key_mask
 from ..backends.dispatch import masked_softmax
-from .buckets import relative_positions
+from ..core.offsets import relative_positions
 
 __all__ = ["CoPE"]
 

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
-from .bias import OffsetBias, RelativeBias
-from .buckets import relative_positions
+from ..core.bias import OffsetBias, RelativeBias
+from ..core.offsets import relative_positions
 
 __all__ = ["FIREBias"]
 

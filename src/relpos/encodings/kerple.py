@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_device, check_int, check_per_head
-from .bias import RelativeBias
+from ..core.bias import RelativeBias
 
 __all__ = ["KerpleBias"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_int, check_positive_float
-from .bias import RelativeBias
+from ..core.bias import RelativeBias
 
 __all__ = ["LogDecayBias"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_device, check_int
-from .bias import RelativeBias
+from ..core.bias import RelativeBias
 
 __all__ = ["SandwichBias"]
 

@@ -22,7 +22,7 @@ from ..backends._dropout import drop_weights
 from ..backends._fused import accumulate_dtype
 from ..backends._masks import check_attn_mask
 from ..backends.dispatch import _dense_mask, masked_softmax
-from .buckets import relative_positions
+from ..core.offsets import relative_positions
 
 __all__ = ["ShawRelativePosition"]
 

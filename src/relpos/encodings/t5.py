@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
-from .bias import OffsetBias, RelativeBias
-from .buckets import BucketStrategy, check_bucket_config, relative_offsets, relative_position_bucket
+from ..core.bias import OffsetBias, RelativeBias
+from ..core.offsets import relative_offsets
+from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
 
 __all__ = ["RelativePositionalBias"]
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_choice, check_dtype, check_device, check_int, check_positive_float
-from .bias import AdditiveBias
+from ..core.bias import AdditiveBias
 from .windows import normalize_window_size, table_size, window_coords, window_relative_position_index
 
 __all__ = ["RelativePositionBias", "FactorizedRelativePositionBias", "ContinuousPositionBias", "log_spaced_coords"]

@@ -352,7 +352,7 @@ def _draw(ax, report: dict, names: list[str], colours: dict, percent: bool) -> N
 def plot(report: dict, path: pathlib.Path, *, title: str | None = None) -> pathlib.Path | None:
     """The metric against length: every trained model (left) and RoPE with each scaling (right);
     error bars are the standard deviation over seeds."""
-    from ..tools.plots import category_colours, pyplot
+    from .._plotting import category_colours, pyplot
 
     plt = pyplot(required=False)
     if plt is None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..backends.dispatch import attention
-from ..encodings.bias import OffsetBias
+from ..core.bias import OffsetBias
 
 __all__ = ["NAME", "OWNS_BIAS", "register", "relpos_attention_forward", "relpos_mask", "transformers_modules"]
 

@@ -30,8 +30,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..encodings.bias import OffsetBias
-from ..encodings.buckets import relative_offsets, relative_position_bucket
+from ..core.bias import OffsetBias
+from ..core.offsets import relative_offsets
+from ..encodings.buckets import relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._family import Family
 

@@ -17,7 +17,7 @@ Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
 peak resident memory added by the call, with glibc's mmap threshold fixed so each call's peak is its own
-(:func:`relpos.tools.bench.fix_mmap_threshold`). A family that ``accelerate``
+(:func:`relpos._measure.fix_mmap_threshold`). A family that ``accelerate``
 refuses (an adapter not in this installation) is skipped with its message.
 
     python benchmarks/t5_model.py --family bloom --d-model 512 --json docs/benchmarks/alibi-families/bloom.json --markdown docs/benchmarks/alibi-families/bloom.md
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from .._io import write_generated, write_text
 from .._progress import Progress
-from ..tools.bench import _timed_rounds, add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda
+from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown", "report_markdown"]
@@ -362,7 +362,7 @@ def run_model_bench(config: ModelBenchConfig, on_point: Callable[[dict], None] |
                                         "ms": None, "peak_mib": None, "note": "skipped: over the memory limit"})
                         progress.total -= config.rounds
                 label = f"{config.family} {mode} B={batch} L={length}"
-                for name, (ms, peak, samples) in _timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
+                for name, (ms, peak, samples) in timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
                 if on_point is not None:

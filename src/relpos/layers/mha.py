@@ -19,7 +19,7 @@ from torch import nn
 from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ..backends.dispatch import BACKENDS, Backend, BiasLike, attention, check_defines_future, resolve_bias
 from ..backends._masks import check_key_mask, fold_key_mask
-from ..encodings.bias import AdditiveBias
+from ..core.bias import AdditiveBias
 from ..encodings.cope import CoPE
 from ..encodings.forgetting import ForgettingGate, gated_attention
 from ..encodings.rotary import RotaryEmbedding

@@ -16,7 +16,7 @@ from torch import nn
 
 from .._checks import check_bool, check_device, check_int
 from ..backends.dispatch import Backend, BiasLike, attention
-from ..encodings.bias import AdditiveBias
+from ..core.bias import AdditiveBias
 from .mha import KVCache, MultiheadAttention
 from ..encodings.t5 import RelativePositionalBias
 

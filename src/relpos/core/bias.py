@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int
-from .buckets import relative_offsets
+from .offsets import relative_offsets
 
 __all__ = ["OffsetBias", "AdditiveBias", "LinearForm", "RelativeBias", "hankel_view"]
 

@@ -1,0 +1,128 @@
+"""Timing and peak memory of one call, and the device options: shared by ``relpos bench`` (:mod:`relpos.tools.bench`)
+and the model benchmark (:mod:`relpos.hf.bench`).
+
+Memory: on CPU the process's peak resident set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``) minus
+its resident set before the call (``None`` where Linux's counters are missing); on CUDA the allocator's peak
+minus what was allocated before, every timed call bracketed by ``torch.cuda.synchronize``.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from ._checks import check_choice, check_device, check_positive_float
+from ._progress import Progress
+
+__all__ = ["DTYPES", "add_device_arguments", "device_arguments", "fix_mmap_threshold", "is_cuda", "measure", "timed_rounds"]
+
+
+def is_cuda(device: str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+MMAP_THRESHOLD = 64 * 1024
+
+
+def fix_mmap_threshold() -> bool:
+    """Make CPU peak-memory readings per call: allocations of 64 KiB and more go to mmap and return
+    to the OS when freed (glibc's ``mallopt(M_MMAP_THRESHOLD)``, as ``MALLOC_MMAP_THRESHOLD_=65536``).
+
+    With glibc's adaptive threshold, freed tensors stay in the heap and a later call reuses them
+    without raising the resident peak: every variant after the largest reads about 0 MiB. Returns
+    False where there is no glibc (the readings then keep that caveat).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
+def _measure_cuda(fn: Callable[[], None]) -> tuple[float, float]:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3
+    return ms, max(0.0, (torch.cuda.max_memory_allocated() - base) / 2**20)
+
+
+def measure(fn: Callable[[], None], memory: bool = True, cuda: bool = False) -> tuple[float, float | None]:
+    gc.collect()
+    if cuda:
+        return _measure_cuda(fn)
+    base = _status_kib("VmRSS") if memory else None
+    can_peak = base is not None and _reset_peak()
+    start = time.perf_counter()
+    fn()
+    ms = (time.perf_counter() - start) * 1e3
+    peak = _status_kib("VmHWM") if can_peak else None
+    return ms, None if peak is None else max(0.0, (peak - base) / 1024)
+
+
+def timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress, label: str, cuda: bool) -> dict[str, tuple]:
+    samples: dict[str, list] = {name: [] for name in variants}
+    peaks: dict[str, list] = {name: [] for name in variants}
+    for name, fn in variants.items():  # warm-up (and flex compilation), not timed
+        fn()
+    for _ in range(rounds):  # interleaved: this kind of VM has slow phases lasting seconds
+        for name, fn in variants.items():
+            repeats = getattr(fn, "repeats", 1)
+            ms, peak = measure(fn, memory=repeats == 1, cuda=cuda)
+            samples[name].append(ms / repeats)
+            peaks[name].append(peak)
+            progress.step(f"{label} {name}")
+    out = {name: (statistics.median(samples[name]), peaks[name][-1], samples[name]) for name in variants}
+    progress.log(f"{time.strftime('%H:%M:%S')} {label}: " + ", ".join(f"{n} {ms:.3g} ms" for n, (ms, _, _) in out.items()))
+    return out
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_device_arguments(parser) -> None:
+    """--device, --dtype and --memory-limit-gib: shared by ``relpos bench`` and the model benchmark."""
+    parser.add_argument("--device", default="cpu", help="where to run: cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the inputs and models (default: float32)")
+    parser.add_argument("--memory-limit-gib", type=float, default=14.0,
+                        help="skip a variant whose (B, H, L, L) tensors would exceed this many GiB (default: 14)")
+
+
+def device_arguments(args) -> dict:
+    """The checked ``device``, ``dtype`` and ``memory_limit_gib`` of :func:`add_device_arguments`' options."""
+    device = str(check_device("--device", args.device))
+    if is_cuda(device) and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here; run with --device cpu")
+    return {"device": device, "dtype": check_choice("--dtype", args.dtype, DTYPES),
+            "memory_limit_gib": check_positive_float("--memory-limit-gib", args.memory_limit_gib)}
