@@ -34,7 +34,6 @@ import runpy
 import shlex
 import subprocess
 import sys
-import textwrap
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,13 +43,12 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md"] + sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if "extrapolate" not in p.relative_to(ROOT / "docs").parts[:1]
-)
+RUNS = ROOT / "docs" / "extrapolate"  # the experiment's result folders: generated tables, no code
+PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if not p.is_relative_to(RUNS))
 EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 # what a block may import only with an extra installed: module (or package prefix) -> extra
-EXTRA_MODULES = {"transformers": "hf", "accelerate": "hf", "relpos.hf": "hf", "matplotlib": "plot", "relpos.tools.plots": "plot",
-                 "jax": "jax", "triton": "gpu"}
+EXTRA_MODULES = {"transformers": "hf", "accelerate": "hf", "relpos.hf": "hf", "matplotlib": "plot",
+                 "relpos.tools.plots": "plot", "jax": "jax", "triton": "gpu"}
 EXTRA_PROBES = {"hf": "transformers", "plot": "matplotlib", "jax": "jax", "gpu": "triton"}
 SHELL = {"bash", "sh", "shell", ""}
 CUDA_MARK = "# needs a CUDA GPU"
@@ -128,7 +126,9 @@ def imported_modules(source: str) -> set[str]:
 
 
 def extras_needed(block: Block) -> set[str]:
-    return {extra for name in imported_modules(block.text) for module, extra in EXTRA_MODULES.items()
+    code = block.text if block.lang == "python" else "".join(
+        example.source for example in doctest.DocTestParser().get_examples(block.text))
+    return {extra for name in imported_modules(code) for module, extra in EXTRA_MODULES.items()
             if name == module or name.startswith(module + ".")}
 
 
@@ -144,10 +144,11 @@ def extras_named(text: str) -> set[str]:
 def check_extras(block: Block) -> None:
     named = extras_named(block.text)
     assert named <= EXTRAS, f"{block.where}: no such extra {sorted(named - EXTRAS)} in pyproject.toml"
-    missing = extras_needed(block) - named
+    needed = extras_needed(block)
+    missing = needed - named
     assert not missing, (f"{block.where}: the block imports what the {sorted(missing)} extra installs; say so in a "
                          f'comment: # needs the {sorted(missing)[0]} extra: pip install "relpos[{sorted(missing)[0]}]"')
-    for extra in extras_needed(block):
+    for extra in needed:
         pytest.importorskip(EXTRA_PROBES[extra], reason=f"{block.where} needs the {extra} extra")
 
 
@@ -178,7 +179,7 @@ def run_under_torchrun(page: str, code: list[Block], processes: int, tmp_path: P
         lines[b.line : b.line + b.text.count("\n")] = b.text.splitlines()
     script = tmp_path / "snippet.py"
     script.write_text("\n".join(lines) + "\n")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), str(script)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", str(script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, f"{page} under torchrun:\n{done.stderr[-3000:]}"
@@ -254,8 +255,7 @@ def run_relpos(argv: list[str], what: str) -> str | None:
     from relpos.tools.cli import build_parser, main
 
     args = parse_with(build_parser(), argv, what)
-    if args.command not in RUN_RELPOS or (args.command == "plot" and EXTRA_PROBES["plot"] not in sys.modules
-                                          and not _importable(EXTRA_PROBES["plot"])):
+    if args.command not in RUN_RELPOS or (args.command == "plot" and not _importable(EXTRA_PROBES["plot"])):
         return None
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -292,7 +292,9 @@ def check_pytest(argv: list[str], what: str) -> None:
 
 
 def check_python(argv: list[str], what: str) -> None:
-    if argv[:2] == ["-m", "pytest"]:
+    if argv[:2] == ["-m", "pip"]:
+        check_pip(argv[2:], what)
+    elif argv[:2] == ["-m", "pytest"]:
         check_pytest(argv[2:], what)
     elif argv[:2] == ["-m", "relpos.experiment"]:
         check_experiment(argv[2:], what)
@@ -312,13 +314,13 @@ def check_torchrun(argv: list[str], what: str) -> None:
 
     args = parse_with(get_args_parser(), argv, f"{what} (torchrun)")
     if args.module:
-        assert args.training_script == "relpos.experiment", f"{what}: torchrun -m {args.training_script} is not relpos.experiment"
+        assert args.training_script == "relpos.experiment", f"{what}: torchrun -m {args.training_script}: not the experiment"
         check_experiment(args.training_script_args, what)
     else:
         check_script(args.training_script, args.training_script_args, what)
 
 
-def commands(text: str) -> list[list[str]]:
+def commands(text: str, where: str) -> list[list[str]]:
     """The simple commands of a shell text: continuations joined, comments and redirections dropped, split at
     ``&&``, ``||``, ``;``, ``|`` and newlines, ``VAR=value`` prefixes removed."""
     found = []
@@ -326,8 +328,12 @@ def commands(text: str) -> list[list[str]]:
         line = re.sub(r"\s\d*>&\d+|\s\d*>>?\s*[^\s&|;]+", " ", line)  # > file, 2>&1
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
+        try:
+            tokens = list(lexer)
+        except ValueError as exc:  # an unclosed quote: not a shell line
+            pytest.fail(f"{where}: {line.strip()!r} is not a shell command ({exc}); output or a formula: fence it ```text")
         words: list[str] = []
-        for token in [*lexer, ";"]:
+        for token in [*tokens, ";"]:
             if token in ("&&", "||", ";", "|", "&"):
                 while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
                     words.pop(0)
@@ -348,15 +354,17 @@ def check_command(words: list[str], what: str) -> str | None:
         check_python(argv, what)
     elif program == "torchrun":
         check_torchrun(argv, what)
-    elif program == "pip" or (program in ("python", "python3") and argv[:2] == ["-m", "pip"]):
+    elif program == "pip":
         check_pip(argv, what)
     elif program not in ACCEPTED:
-        pytest.fail(f"{what}: {program!r} is not a command this test knows; check it or add it to tests/test_docs_code.py")
+        pytest.fail(f"{what}: {program!r} is not a command this test knows: check it in tests/test_docs_code.py, "
+                    "or, if the block is not commands, fence it ```text (output, a tree) or ```console (a transcript "
+                    "with $ prompts)")
     return None
 
 
 def check_shell(block: Block) -> None:
-    for words in commands(block.text):
+    for words in commands(block.text, block.where):
         check_command(words, f"{block.where}: {shlex.join(words)}")
 
 
@@ -370,7 +378,7 @@ def check_console(block: Block) -> None:
             more, _, expected = expected.partition("\n")
             command = command[:-1] + " " + more
         printed = None
-        for words in commands(command):
+        for words in commands(command, block.where):
             printed = check_command(words, f"{block.where}: {shlex.join(words)}")
         if printed is not None and expected.strip():
             pattern = "".join(r"(?:.*\n)*?" if line.strip() == "..." else re.escape(line.rstrip()) + r"[ \t]*\n"
@@ -395,7 +403,7 @@ def test_code_blocks_run_as_written(page, tmp_path, monkeypatch):
     for block in code:
         if block.lang == "python":
             ast.parse(source(block), block.page)  # a syntax error names its page line before anything runs
-            check_extras(block)
+        check_extras(block)
     for block in found:
         if block.lang in SHELL:
             check_shell(block)
