@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks"
 sys.path.insert(0, str(ROOT / "src"))
 
-from relpos._io import GENERATED_END, generated_begin, generated_region, replace_generated  # noqa: E402
+from relpos._io import generated_begin, generated_region, replace_generated  # noqa: E402
 
 
 @functools.cache
