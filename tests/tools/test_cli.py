@@ -200,3 +200,12 @@ def test_default_output_folders_are_git_ignored_and_documented():
         for path in (f"{folder}/", f"{folder}/results.json", f"examples/{folder}/copy/results.json"):
             ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root)
             assert ignored.returncode == 0, f"{command}: {path} is not in .gitignore"
+
+
+def test_plot_buckets_refuses_max_distance_zero_instead_of_using_128(tmp_path, capsys):
+    """0 is a value, not "the default": T5's bucketing refuses it (it was silently read as 128)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["plot", "buckets", "--max-distance", "0", "-o", str(tmp_path / "b.png")])
+    assert exc.value.code == 2
+    assert "max_distance must be > the exact range" in capsys.readouterr().err
+    assert not (tmp_path / "b.png").exists()

@@ -55,7 +55,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     if args.what == "buckets":
         path = plots.plot_buckets(
-            args.output, num_buckets=args.num_buckets, max_distance=args.max_distance or 128, causal=args.causal,
+            args.output, num_buckets=args.num_buckets, max_distance=128 if args.max_distance is None else args.max_distance, causal=args.causal,
             strategy=args.strategy, length=64 if args.length is None else args.length,
         )
     elif args.what == "bias":
