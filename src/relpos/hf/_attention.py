@@ -144,6 +144,7 @@ def relpos_attention_forward(
     _check_checkpointed_gradient(bias)
     query_length, key_length = query.shape[-2], key.shape[-2]
     causal = bool(getattr(module, "is_causal", False))  # decoder self-attention; queries are the last Lq positions
+    causal = causal and not getattr(bias, "causal_folded", False)  # a static cache's bias holds its causal mask
     q_offset = bias.q_offset if isinstance(bias, OffsetBias) else (key_length - query_length if causal else 0)
     masks = {}
     if attention_mask is not None:

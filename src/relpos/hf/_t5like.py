@@ -16,16 +16,23 @@ What ``apply`` changes, on the given model only:
    under any other implementation (``model.set_attn_implementation("eager" | "sdpa")``) it returns
    transformers' own dense bias, so switching back and forth with transformers' call works.
 
+A static cache (``cache_implementation="static"``) hands ``compute_bias`` its length as a 0-d tensor
+and the keys as the whole preallocated cache. The bias is then a :class:`PositionedOffsets`: the
+offsets are shifted by that tensor (index arithmetic, no Python number read from it) and every key in a
+query's future, the cache's unseen tail included, is ``-inf`` in the values; shapes depend only on the
+cache size, so a compiled decoding step is traced once and never recompiled per step.
+
 No class is modified, no parameter or buffer is added, renamed or moved. The returned undo removes
 the instance methods and restores the previous implementation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -36,7 +43,7 @@ from ..encodings.buckets import relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._family import Family
 
-__all__ = ["TableOffsets", "switch_stale_configs", "t5_like_family"]
+__all__ = ["PositionedOffsets", "TableOffsets", "switch_stale_configs", "t5_like_family"]
 
 #: attributes every T5-like attention module must have
 _ATTRIBUTES = ("config", "relative_attention_num_buckets", "relative_attention_max_distance", "is_causal",
@@ -51,25 +58,67 @@ class TableOffsets(OffsetBias):
     table: torch.Tensor | None = None
 
 
-def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_tokens, bidirectional: bool) -> TableOffsets:
-    """The module's bias per offset: the same values as its ``compute_bias``, ``Lq + Lk - 1`` per head."""
-    table = module.relative_attention_bias.weight  # (num_buckets, H)
-    if isinstance(past_seen_tokens, torch.Tensor) and torch.compiler.is_compiling():
-        raise ValueError(
-            "relpos.hf: torch.compile with a static cache is not supported (the cache length is a tensor and "
-            "relpos's per-offset bias needs it as a number); compile with the default dynamic cache, or run the "
-            "static cache uncompiled"
-        )
-    q_offset = int(past_seen_tokens)  # a static cache's length is a tensor: one read
-    rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # (n,)
+@dataclass(frozen=True)
+class PositionedOffsets(TableOffsets):
+    """The bias of queries at ``position`` over a preallocated (static) cache, the causal mask folded in.
+
+    A static cache hands ``compute_bias`` its length as a 0-d tensor (``position``) and the keys as the
+    whole cache, unseen tail included. This is stored as an :class:`OffsetBias` with ``q_offset=0``
+    whose values are shifted by the position: ``values[h, t]`` is the bias at offset
+    ``t - (Lq - 1) - position``, so row ``i`` and key ``j`` read the bias of ``j - (position + i)``,
+    as transformers computes it. Every key after a query's position (the causal triangle and the
+    cache's unseen tail) is ``-inf`` in the values, and attention runs with ``causal=False``
+    (:attr:`causal_folded`). The position is never read as a Python number: no graph break, no
+    recompilation per step under ``torch.compile``, no device sync. :meth:`offsets` and
+    :attr:`q_offset` are the nominal, unshifted ones.
+    """
+
+    position: torch.Tensor | int = 0
+    #: the causal mask is in the values: :func:`relpos.hf._attention.relpos_attention_forward` passes ``causal=False``
+    causal_folded: ClassVar[bool] = True
+
+
+def _bucket_values(module: nn.Module, rel: torch.Tensor, bidirectional: bool) -> torch.Tensor:
+    """(H, n): the module's table at the (n,) offsets ``rel``, gradients into the table."""
     buckets = relative_position_bucket(
         rel,
         bidirectional=bidirectional,
         num_buckets=module.relative_attention_num_buckets,
         max_distance=module.relative_attention_max_distance,
     )
-    values = module.relative_attention_bias(buckets).T  # (H, n), gradients into the table
+    return module.relative_attention_bias(buckets).T  # (H, n)
+
+
+def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_tokens, bidirectional: bool) -> TableOffsets:
+    """The module's bias per offset: the same values as its ``compute_bias``, ``Lq + Lk - 1`` per head."""
+    table = module.relative_attention_bias.weight  # (num_buckets, H)
+    if isinstance(past_seen_tokens, torch.Tensor):  # a static cache: its length stays a tensor
+        return _positioned_offsets(module, query_length, key_length, past_seen_tokens, bidirectional)
+    q_offset = int(past_seen_tokens)
+    if key_length > q_offset + query_length and not getattr(module, "is_causal", False):
+        # a fresh static cache (keys past the tokens seen) in a layer not flagged causal (transformers 5.15's
+        # UMT5 decoder): its unseen tail hidden in the values, as transformers' static-cache mask hides it
+        return _positioned_offsets(module, query_length, key_length, q_offset, bidirectional)
+    rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # (n,)
+    values = _bucket_values(module, rel, bidirectional)  # (H, n)
     return TableOffsets(values.contiguous(), query_length, key_length, q_offset, table=table)
+
+
+def _positioned_offsets(
+    module: nn.Module, query_length: int, key_length: int, position: torch.Tensor | int, bidirectional: bool
+) -> PositionedOffsets:
+    """:class:`PositionedOffsets` for queries at ``position .. position + Lq - 1`` of ``key_length`` cache keys.
+
+    With a cache the queries are its newest tokens: a key after a query's position is its future or not
+    yet written, hidden either way (transformers' static-cache mask hides them too, in every release).
+    """
+    table = module.relative_attention_bias.weight  # (num_buckets, H)
+    if isinstance(position, torch.Tensor):
+        position = position.to(device=table.device, dtype=torch.long)
+    entries = torch.arange(query_length + key_length - 1, device=table.device)  # (n,)
+    rel = entries - (query_length - 1) - position  # (n,): entry t is offset t - (Lq - 1) - position
+    values = _bucket_values(module, rel, bidirectional).masked_fill(rel > 0, float("-inf"))  # (H, n)
+    return PositionedOffsets(values.contiguous(), query_length, key_length, 0, table=table, position=position)
 
 
 def _instance_compute_bias(bidirectional: Callable[[nn.Module], bool]):
@@ -80,7 +129,7 @@ def _instance_compute_bias(bidirectional: Callable[[nn.Module], bool]):
             return type(self).compute_bias(self, query_length, key_length, device, past_seen_tokens)
         offsets = _offsets(self, query_length, key_length, past_seen_tokens, bidirectional(self))
         if device is not None and offsets.values.device != torch.device(device):
-            offsets = TableOffsets(offsets.values.to(device), query_length, key_length, offsets.q_offset, table=offsets.table)
+            offsets = dataclasses.replace(offsets, values=offsets.values.to(device))
         return offsets
 
     return compute_bias
