@@ -364,3 +364,20 @@ def test_plot_gives_every_model_its_own_colour(tmp_path, monkeypatch):
     report = {"metric": "bits_per_byte", "summary": dict.fromkeys(names), "config": {"seeds": [0]}, "problem": "text"}
     reporting.plot(report, tmp_path / "p.png")
     assert set(seen) == set(names) and len(set(seen.values())) == len(names)
+
+
+def test_the_default_runs_time_is_quoted_from_its_measurement():
+    """The default run's minutes come from one measured place: the committed default run's wall time. The CLI's
+    help and the pages quote that number and no other."""
+    import json
+    import pathlib
+
+    from relpos.experiment import cli
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "docs" / "extrapolate" / "default" / "results.json").read_text())["wall_seconds"]
+    minutes = cli.DEFAULT_MINUTES["extrapolate"]
+    assert round(measured / 60) == minutes
+    assert f"about {minutes} minutes on 2 cores" in " ".join(cli.build_parser(tasks=False).format_help().split())
+    running = (root / "docs" / "experiments" / "running.md").read_text()
+    assert f"the default run: about {minutes} minutes" in running and f"about {minutes} min (text" in running

@@ -30,6 +30,10 @@ REFERENCE_TASKS = ("copy", "reverse", "addition", "parity", "summation", "scan")
 #: where each experiment writes when --out is not given: a folder in the current directory (the
 #: repository's .gitignore lists both, so a run inside a clone leaves no untracked files)
 DEFAULT_OUT, DEFAULT_TASKS_OUT = "relpos-extrapolate", "relpos-tasks"
+#: the default preset's wall time on this project's 2-core VM, in minutes, measured: text 486 s
+#: (docs/extrapolate/default/results.json, "wall_seconds"; tests/experiment/test_extrapolate.py holds the two
+#: equal), tasks about 13 min (docs/experiments/running.md); every page quotes these
+DEFAULT_MINUTES = {"extrapolate": 8, "tasks": 13}
 DESCRIPTION = (
     "Train small byte-level language models on short windows of text and test them on windows up to 16 times "
     "longer, one model per position encoding (and RoPE with each scaling, no fine-tuning), over several seeds; "
@@ -63,9 +67,9 @@ def _seeds(text: str) -> tuple[int, ...]:
     return values
 
 
-def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[str, type], ...]) -> None:
+def _common(parser: argparse.ArgumentParser, presets: dict, sizes: tuple[tuple[str, type], ...], minutes: int) -> None:
     parser.add_argument("--preset", choices=sorted(presets), default="default",
-                        help="size of the run: default (about ten minutes on 2 cores), reference (the committed evidence, "
+                        help=f"size of the run: default (about {minutes} minutes on 2 cores), reference (the committed evidence, "
                              "about two hours: see --estimate-only), full (longer), smoke (seconds); docs/experiments/running.md")
     parser.add_argument("--encodings",
                         help=f"comma-separated models, from: {', '.join(ALL_MODELS)} (t5_md128: T5 with max_distance 128; "
@@ -109,7 +113,7 @@ _SIZES = (("dim", int), ("layers", int), ("heads", int), ("batch", int), ("steps
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos extrapolate``: byte-level language modelling, trained short and tested long."""
-    _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int), ("val-windows", int)))
+    _common(parser, runner.PRESETS, _SIZES + (("train-len", int), ("eval-tokens", int), ("val-windows", int)), DEFAULT_MINUTES["extrapolate"])
     parser.add_argument("--multipliers", default="1,2,4,8,16", help="evaluation lengths as multiples of --train-len")
     parser.add_argument("--buckets", default="", help="ablation: T5 bias with these bucket counts, e.g. 8,16,32,64,128 "
                                                      "(default: none, no ablation)")
@@ -127,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """``relpos tasks``: algorithmic tasks, trained on short instances and tested on longer ones."""
-    _common(parser, runner.TASK_PRESETS, _SIZES + (("train-max", int), ("eval-instances", int)))
+    _common(parser, runner.TASK_PRESETS, _SIZES + (("train-max", int), ("eval-instances", int)), DEFAULT_MINUTES["tasks"])
     parser.add_argument("--tasks", help=f"comma-separated, from: {', '.join(TASKS)}, scan (SCAN's length split, Lake & Baroni "
                                         f"2018: its own lengths, --train-max and --test-lengths do not apply) (default: {','.join(DEFAULT_TASKS)}; "
                                         f"reference preset: {','.join(REFERENCE_TASKS)})")
