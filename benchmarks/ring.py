@@ -6,10 +6,12 @@
 Two gloo processes with one thread each. In every round, in alternating order: rank 0 alone runs
 ``relpos.attention`` over the whole sequence (one thread; rank 1 waits at a barrier), then both ranks run
 ``relpos.distributed.ring_attention`` over their halves. Forward (no gradient) and a training step (forward +
-backward into q, k, v and T5's bias table). Time: wall time between barriers, median over rounds. Memory: the
-resident set sampled every millisecond during the call, above what it was just before (the call's own
-allocations, the gradients of q, k and v included; glibc set to return freed blocks at once), plus the
-inputs the process holds (q, k, v).
+backward into q, k, v and T5's bias table). Time: wall time between barriers, median over rounds, with nothing
+else running in the processes. Memory: after the timed rounds, one more call of each variant with the resident
+set sampled every millisecond by a thread, above what it was just before (the call's own allocations, the
+gradients of q, k and v included; glibc set to return freed blocks at once), plus the inputs the process holds
+(q, k, v). The sampler is kept out of the timed calls: on a 2-core machine it is a third busy thread while both
+ranks compute, but has a core to itself while one process runs alone, so it slowed the ring's timings only.
 """
 
 from __future__ import annotations
@@ -85,15 +87,33 @@ def _run(fn, q, k, v, bias, train: bool) -> None:
     fn(q, k, v, bias).sum().backward()
 
 
-def _measure(fn, q, k, v, bias, train: bool) -> tuple[float, int]:
+def _time(fn, q, k, v, bias, train: bool) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    _run(fn, q, k, v, bias, train)
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    return seconds
+
+
+def _peak(fn, q, k, v, bias, train: bool) -> int:
     dist.barrier()
     with PeakRSS() as mem:
-        start = time.perf_counter()
         _run(fn, q, k, v, bias, train)
-        seconds = time.perf_counter() - start
     dist.barrier()
     held = sum(t.numel() * t.element_size() for t in (q, k, v))  # the inputs (their gradients are allocated in the call)
-    return seconds, mem.extra + held
+    return mem.extra + held
+
+
+def _call(measure, variant: str, rank: int, calls: dict, train: bool):
+    """``measure`` of one variant on this rank: the one-process variant runs on rank 0 while rank 1 keeps step
+    with its barriers (and returns None)."""
+    fn, *inputs = calls[variant]
+    if variant == "one process" and rank != 0:
+        dist.barrier()
+        dist.barrier()
+        return None
+    return measure(fn, *inputs, train)
 
 
 def _worker(rank: int, world: int, directory: str, args) -> None:
@@ -110,24 +130,17 @@ def _worker(rank: int, world: int, directory: str, args) -> None:
         part = [rd.shard(t, 2, rank, world, layout).contiguous() for t in full]
         # the floor: each rank computes its own rows against every key, held locally (same work, no messages)
         alone = lambda q, k, v, b: relpos.attention(q, k, v, bias=b, scale=1.0, q_offset=rank * (length // world))  # noqa: E731
+        calls = {"ring": (sharded, *part, bias), "no ring": (alone, part[0], full[1], full[2], bias), "one process": (one, *full, bias)}
         for train in (False, True):
             _run(sharded, *[t[:, :, :256] for t in part], bias, train)  # warm up both paths at a small size
             samples = {variant: [] for variant in variants}
             for r in range(args.rounds):
-                order = variants if r % 2 == 0 else variants[::-1]
-                for variant in order:
-                    if variant == "ring":
-                        samples[variant].append(_measure(sharded, *part, bias, train))
-                    elif variant == "no ring":
-                        samples[variant].append(_measure(alone, part[0], full[1], full[2], bias, train))
-                    elif rank == 0:
-                        samples[variant].append(_measure(one, *full, bias, train))
-                    else:  # rank 1 only keeps step with rank 0's barriers
-                        dist.barrier()
-                        dist.barrier()
+                for variant in variants if r % 2 == 0 else variants[::-1]:
+                    samples[variant].append(_call(_time, variant, rank, calls, train))
                 if rank == 0:
                     print(f"L={length} {'training step' if train else 'forward'} round {r + 1}/{args.rounds}", flush=True)
-            rows.append({"length": length, "train": train, "rank": rank, "samples": samples})
+            peaks = {variant: _call(_peak, variant, rank, calls, train) for variant in variants}
+            rows.append({"length": length, "train": train, "rank": rank, "samples": samples, "peaks": peaks})
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
@@ -142,13 +155,13 @@ def summarize(rows: list[dict]) -> list[dict]:
     for length in sorted({r["length"] for r in rows}):
         for train in (False, True):
             mine = [r for r in rows if r["length"] == length and r["train"] == train]
-            one = next(r for r in mine if r["rank"] == 0)["samples"]["one process"]
-            ring_by_round = list(zip(*[r["samples"]["ring"] for r in mine]))  # per round: every rank's (s, bytes)
-            ring_time = statistics.median(max(s for s, _ in ranks) for ranks in ring_by_round)
-            ring_mem = max(b for ranks in ring_by_round for _, b in ranks)
-            one_time, one_mem = statistics.median(s for s, _ in one), max(b for _, b in one)
+            one = next(r for r in mine if r["rank"] == 0)
+            ring_by_round = list(zip(*[r["samples"]["ring"] for r in mine]))  # per round: every rank's seconds
+            ring_time = statistics.median(max(ranks) for ranks in ring_by_round)
+            ring_mem = max(r["peaks"]["ring"] for r in mine)
+            one_time, one_mem = statistics.median(one["samples"]["one process"]), one["peaks"]["one process"]
             floor = list(zip(*[r["samples"].get("no ring", []) for r in mine]))
-            floor_time = statistics.median(max(s for s, _ in ranks) for ranks in floor) if floor else None
+            floor_time = statistics.median(max(ranks) for ranks in floor) if floor else None
             out.append({
                 "length": length, "mode": "training step" if train else "forward",
                 "one_process_s": one_time, "ring_s": ring_time, "time_ratio": ring_time / one_time,
