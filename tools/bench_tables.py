@@ -255,13 +255,23 @@ class Claim:
         return next(t for t in TABLES if t.page == self.table and t.part == self.part)
 
 
+def _link(table: str, page: str) -> str:
+    """The link from ``page`` to ``table`` (both relative to docs/benchmarks/; ``page`` may lie outside it)."""
+    here = os.path.normpath(os.path.join("docs/benchmarks", os.path.dirname(page)))
+    return os.path.relpath(os.path.join("docs/benchmarks", table), here)
+
+
 def headline(claims: list[Claim], page: str, docs: Path = DOCS) -> str:
-    """The table of ``claims`` as it appears on ``page`` (links relative to it)."""
-    lines = ["| what | measured | table, and the command that writes it |", "|---|---|---|"]
+    """The table of ``claims`` as it appears on ``page`` (links relative to it); the README's omits the commands
+    (its table links to each table, which gives its command)."""
+    readme = page == README
+    lines = ["| what | measured | table |" if readme else "| what | measured | table, and the command that writes it |",
+             "|---|---|---|"]
     for c in claims:
         spec = c.spec()
-        link = os.path.relpath(c.table, os.path.dirname(page) or ".")
-        lines.append(f"| {c.what} | {c.measure(load(spec.source, docs))} | [{link[:-3]}]({link}): `{command(spec, docs)}` |")
+        link = _link(c.table, page)
+        cell = f"[{c.table[:-3]}]({link})" if readme else f"[{link[:-3]}]({link}): `{command(spec, docs)}`"
+        lines.append(f"| {c.what} | {c.measure(load(spec.source, docs))} | {cell} |")
     return "\n".join(lines) + "\n"
 
 
@@ -540,7 +550,10 @@ _ENCODINGS_MORE = [
           lambda records: _eager(records, "shaw")),
 ]
 
+README = "../../README.md"  # the repository's README, relative to docs/benchmarks/
+
 HEADLINES: dict[str, list[Claim]] = {
+    README: [_ATTENTION[0], _ATTENTION[1], *_T5, _ALIBI[0], _VISION[1], _GPU[0], *_DISTRIBUTED],
     "index.md": [*_ATTENTION, *_T5, *_ALIBI, *_VISION, *_GPU, *_DISTRIBUTED, *_ENCODINGS],
     "attention/index.md": [*_ATTENTION, *_ATTENTION_MORE],
     "gpu/index.md": [*_GPU, *_GPU_MORE],

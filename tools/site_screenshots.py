@@ -36,7 +36,7 @@ PAGES = {
 
 def build(site: pathlib.Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT, env=env, check=True)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
