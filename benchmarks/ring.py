@@ -7,11 +7,12 @@ Two gloo processes with one thread each. In every round, in alternating order: r
 ``relpos.attention`` over the whole sequence (one thread; rank 1 waits at a barrier), then both ranks run
 ``relpos.distributed.ring_attention`` over their halves. Forward (no gradient) and a training step (forward +
 backward into q, k, v and T5's bias table). Time: wall time between barriers, median over rounds, with nothing
-else running in the processes. Memory: after the timed rounds, one more call of each variant with the resident
+else running in the processes. Memory: in a second pair of processes, one call of each variant with the resident
 set sampled every millisecond by a thread, above what it was just before (the call's own allocations, the
 gradients of q, k and v included; glibc set to return freed blocks at once), plus the inputs the process holds
-(q, k, v). The sampler is kept out of the timed calls: on a 2-core machine it is a third busy thread while both
-ranks compute, but has a core to itself while one process runs alone, so it slowed the ring's timings only.
+(q, k, v). Neither the sampler nor that allocator setting is present in a timed call: on a 2-core machine the
+sampler is a third busy thread while both ranks compute (but has a core to itself while one process runs alone),
+and the setting costs the ring's per-block allocations page faults (:func:`measure`); both slowed the ring only.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def _call(measure, variant: str, rank: int, calls: dict, train: bool):
     return measure(fn, *inputs, train)
 
 
-def _worker(rank: int, world: int, directory: str, args) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world)
+def _worker(rank: int, world: int, directory: str, args, phase: str) -> None:
+    """One phase on one rank: ``"time"`` (interleaved rounds) or ``"memory"`` (one call of each variant)."""
+    dist.init_process_group("gloo", init_method=f"file://{directory}/store-{phase}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     layout = "zigzag" if args.causal else "contiguous"
     bias = _bias(args)
@@ -133,20 +135,49 @@ def _worker(rank: int, world: int, directory: str, args) -> None:
         calls = {"ring": (sharded, *part, bias), "no ring": (alone, part[0], full[1], full[2], bias), "one process": (one, *full, bias)}
         for train in (False, True):
             _run(sharded, *[t[:, :, :256] for t in part], bias, train)  # warm up both paths at a small size
-            samples = {variant: [] for variant in variants}
-            for r in range(args.rounds):
-                for variant in variants if r % 2 == 0 else variants[::-1]:
-                    samples[variant].append(_call(_time, variant, rank, calls, train))
-                if rank == 0:
-                    print(f"L={length} {'training step' if train else 'forward'} round {r + 1}/{args.rounds}", flush=True)
-            peaks = {variant: _call(_peak, variant, rank, calls, train) for variant in variants}
-            rows.append({"length": length, "train": train, "rank": rank, "samples": samples, "peaks": peaks})
+            row = {"length": length, "train": train, "rank": rank}
+            if phase == "memory":
+                row["peaks"] = {variant: _call(_peak, variant, rank, calls, train) for variant in variants}
+            else:
+                row["samples"] = _timed(variants, rank, calls, train, args.rounds, f"L={length} {'training step' if train else 'forward'}")
+            rows.append(row)
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
-        with open(f"{directory}/rows.json", "w") as f:
+        with open(f"{directory}/rows-{phase}.json", "w") as f:
             json.dump([row for ranks in gathered for row in ranks], f)
     dist.destroy_process_group()
+
+
+def _timed(variants: tuple[str, ...], rank: int, calls: dict, train: bool, rounds: int, label: str) -> dict:
+    samples = {variant: [] for variant in variants}
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
+            samples[variant].append(_call(_time, variant, rank, calls, train))
+        if rank == 0:
+            print(f"{label} round {r + 1}/{rounds}", flush=True)
+    return samples
+
+
+def _phase(phase: str, directory: str, args) -> list[dict]:
+    mp.spawn(_worker, args=(2, directory, args, phase), nprocs=2, join=True)
+    with open(f"{directory}/rows-{phase}.json") as f:
+        return json.load(f)
+
+
+def measure(args) -> list[dict]:
+    """Every rank's rows: timing samples from processes with glibc's default allocator, peaks from fresh
+    processes told to map every allocation above 128 KiB on its own and unmap it on free (so the resident set
+    follows live memory instead of keeping freed heap pages). That setting is a measuring device: it costs the
+    ring, which allocates per block, page faults the one process does not pay as often (0.55x against 0.50x
+    of one process's forward at L = 16384 in a trial), so no timed call runs under it."""
+    directory = tempfile.mkdtemp(prefix="relpos-bench-ring-")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+    timed = _phase("time", directory, args)
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"  # read by the workers' allocator at start
+    peaks = {(r["length"], r["train"], r["rank"]): r["peaks"] for r in _phase("memory", directory, args)}
+    return [{**r, "peaks": peaks[r["length"], r["train"], r["rank"]]} for r in timed]
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -229,14 +260,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.floor and args.causal:
         p.error("--floor times the bidirectional case only (its rows-against-every-key split is contiguous)")
-    directory = tempfile.mkdtemp(prefix="relpos-bench-ring-")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    # glibc then maps every allocation above 128 KiB on its own and unmaps it on free, so the resident set
-    # follows live memory instead of keeping freed heap pages (read by the workers' allocator at start)
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    mp.spawn(_worker, args=(2, directory, args), nprocs=2, join=True)
-    with open(f"{directory}/rows.json") as f:
-        rows = json.load(f)
+    rows = measure(args)
     command = "python benchmarks/ring.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     payload = {"command": command, "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}",
                "summary": summarize(rows), "rows": rows}
