@@ -123,6 +123,11 @@ def tile_forward(q_rev, key, value, bias, tiles, scale, dropout=None):
     """
     batch, heads, query_length, _ = q_rev.shape
     flash = dropout is None and fused_available(q_rev)
+    if flash and tiles == [Tile(0, batch, 0, query_length, 0, key.shape[-2])]:  # one tile is everything: no copy
+        o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q_rev, key, value, 0.0, False, attn_mask=tile_bias(bias, tiles[0], query_length), scale=scale
+        )
+        return o, m.to(bias.dtype)
     out = q_rev.new_zeros(batch, heads, query_length, value.shape[-1])  # reversed rows; rows in no tile stay 0
     lse = torch.full((batch, heads, query_length), float("inf"), dtype=bias.dtype, device=q_rev.device)
     for tile in tiles:
