@@ -207,7 +207,7 @@ def test_cross_attention_with_a_transposed_query_gets_the_layout_hint():
     from relpos import cross_attention_with_bias
 
     query, key = torch.randn(2, 24, 8, 16), torch.randn(2, 12, 8, 16)  # (B, L, H, d): Lq = 24, Lk = 12, H = 8
-    with pytest.raises(ValueError, match="num_heads=8 but the query has 24 heads; .*" + LAYOUT_HINT):
-        cross_attention_with_bias(query, key, key, RelativePositionalBias(8))
+    with pytest.raises(ValueError, match="^relative_bias has num_heads=8 but the query has 24 heads; .*" + LAYOUT_HINT):
+        cross_attention_with_bias(query, key, key, RelativePositionalBias(8))  # named by this function's argument
     out = cross_attention_with_bias(query.transpose(1, 2), key.transpose(1, 2), key.transpose(1, 2), RelativePositionalBias(8))
     assert out.shape == (2, 8, 24, 16)

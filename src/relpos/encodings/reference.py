@@ -1,4 +1,4 @@
-"""Framework-independent references from the seeds, each tested equal to the torch path.
+"""Framework-independent references from the worked examples relpos grew from, each tested equal to the torch path.
 
 * :func:`numpy_relative_bias_attention`: the 'The cat sat on mat' example's from-scratch NumPy attention with an
   additive relative position bias (float64 throughout).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_device, check_int
+from .._checks import check_bias_heads, check_bool, check_device, check_int
 from ..backends.dispatch import Backend, BiasLike, attention
 from ..core.bias import AdditiveBias
 from .mha import KVCache, MultiheadAttention
@@ -274,8 +274,10 @@ def cross_attention_with_bias(
     """The T5 bias explainer's cross-attention: q ``(B, H, Lq, d)``, k/v ``(B, H, Lk, d)``, ``Lq != Lk`` allowed.
 
     The bias is built per offset for the (Lq, Lk) pair; ``scale=None`` is ``1/sqrt(d)`` as in
-    the seed.
+    the explainer.
     """
+    if isinstance(relative_bias, AdditiveBias) and isinstance(query, torch.Tensor) and query.dim() == 4:  # errors name this argument
+        check_bias_heads("relative_bias", relative_bias.num_heads, query.shape[1], query_length=query.shape[2])
     return attention(
         query, key, value, bias=relative_bias, attn_mask=mask, scale=scale, q_offset=q_offset, backend=backend
     )
