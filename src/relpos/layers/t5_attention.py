@@ -276,7 +276,8 @@ def cross_attention_with_bias(
     The bias is built per offset for the (Lq, Lk) pair; ``scale=None`` is ``1/sqrt(d)`` as in
     the explainer.
     """
-    if isinstance(relative_bias, AdditiveBias) and isinstance(query, torch.Tensor) and query.dim() == 4:  # errors name this argument
+    # a head-count error names this function's argument; attention() validates everything else
+    if isinstance(relative_bias, AdditiveBias) and isinstance(query, torch.Tensor) and query.dim() == 4:
         check_bias_heads("relative_bias", relative_bias.num_heads, query.shape[1], query_length=query.shape[2])
     return attention(
         query, key, value, bias=relative_bias, attn_mask=mask, scale=scale, q_offset=q_offset, backend=backend
