@@ -11,7 +11,6 @@ built per offset? Variants are interleaved and repeated; medians are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -19,7 +18,7 @@ import time
 import torch
 
 import relpos
-from relpos._io import write_generated, write_text
+from relpos._io import write_report
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -94,11 +93,9 @@ def main() -> None:
     rows = run([int(x) for x in args.lengths.split(",")], args.heads, args.repeats, args.rounds)
     payload = {"machine": platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                "heads": args.heads, "rows": rows}
-    print(page(payload), end="")
-    if args.json:
-        write_text(args.json, json.dumps(payload, indent=2))
-    if args.markdown:
-        write_generated(args.markdown, page(payload), args.json)
+    text = page(payload)
+    print(text, end="")
+    write_report(payload, text, args.json, args.markdown, indent=2)
 
 
 if __name__ == "__main__":

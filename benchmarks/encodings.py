@@ -19,7 +19,6 @@ around each call: what denormal floats would cost Sandwich and the forgetting ga
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos._io import write_generated, write_text
+from relpos._io import write_report
 from relpos.backends import _denormals
 
 HEADS, DIM = 8, 64
@@ -222,10 +221,7 @@ def main(argv=None) -> int:
         "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "load": load, "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
     }
-    if args.json:
-        write_text(args.json, json.dumps(run, indent=1))
-    if args.markdown:
-        write_generated(args.markdown, markdown(run), args.json)
+    write_report(run, markdown(run), args.json, args.markdown)
     return 0
 
 

@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 
 import relpos
 import relpos.distributed as rd
-from relpos._io import write_generated, write_text
+from relpos._io import write_report
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -266,10 +266,7 @@ def main(argv=None) -> int:
                "summary": summarize(rows), "rows": rows}
     text = page(payload)
     print(text)
-    if args.json:
-        write_text(args.json, json.dumps(payload, indent=1))
-    if args.markdown:
-        write_generated(args.markdown, text, args.json)
+    write_report(payload, text, args.json, args.markdown)
     return 0
 
 

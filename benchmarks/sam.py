@@ -32,7 +32,7 @@ import sys
 import torch
 
 import relpos.encodings.decomposed as decomposed
-from relpos._io import write_generated, write_text
+from relpos._io import write_report
 from relpos._measure import measure
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms
 
@@ -181,10 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/sam.py " + " ".join(sys.argv[1:] if argv is None else argv), "machine": machine,
         "results": {name: {"ms": ms, "peak_mib": mib, "samples": samples} for name, (ms, mib, samples) in results.items()},
     }
-    if args.json:
-        write_text(args.json, json.dumps(payload, indent=1))
-    if args.markdown:
-        write_generated(args.markdown, page(payload, args.mode), args.json, part=args.mode)
+    write_report(payload, page(payload, args.mode), args.json, args.markdown, part=args.mode)
     return 0
 
 

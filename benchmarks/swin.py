@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import sys
 
 import torch
 
-from relpos._io import write_generated, write_text
+from relpos._io import write_report
 from relpos._progress import Progress
 from relpos._measure import fix_mmap_threshold, timed_rounds
 from relpos.hf import accelerate, recompute_activations
@@ -251,10 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     text = markdown(report)
     print(text)
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))
-    if args.markdown:  # into the page's generated region, the prose around it kept
-        write_generated(args.markdown, text, args.json)
+    write_report(report, text, args.json, args.markdown)  # the page's generated region, the prose around it kept
     return 0
 
 

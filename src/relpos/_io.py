@@ -5,13 +5,14 @@ one, never a truncated one."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import pathlib
 import tempfile
 from typing import Any, Callable
 
-__all__ = ["atomic_write", "generated_begin", "generated_region", "json_safe", "replace_generated", "save_torch", "save_with",
+__all__ = ["atomic_write", "write_report", "generated_begin", "generated_region", "json_safe", "replace_generated", "save_torch", "save_with",
            "write_generated", "write_text"]
 
 
@@ -86,6 +87,16 @@ def write_generated(path: str | os.PathLike, text: str, source: str | os.PathLik
     page = pathlib.Path(path).read_text() if os.path.exists(path) else ""
     new = replace_generated(page, begin, text)
     write_text(path, new if new is not None else f"{begin}\n{text.rstrip()}\n{GENERATED_END}\n")
+
+
+def write_report(payload: Any, text: str, json_path: str | os.PathLike | None, markdown_path: str | os.PathLike | None,
+                 *, part: str | None = None, indent: int = 1) -> None:
+    """A benchmark run's outputs, each only where asked: ``payload`` as JSON at ``json_path`` and ``text`` (its
+    tables) into the page ``markdown_path``, in the region generated from that JSON (:func:`write_generated`)."""
+    if json_path:
+        write_text(json_path, json.dumps(payload, indent=indent))
+    if markdown_path:
+        write_generated(markdown_path, text, json_path, part=part)
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:

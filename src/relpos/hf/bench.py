@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import json
 import platform
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -38,7 +37,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from .._io import write_generated, write_text
+from .._io import write_report
 from .._progress import Progress
 from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from .api import accelerate
@@ -454,8 +453,5 @@ def _save(report: dict, json_path: str | None, markdown_path: str | None) -> str
     """Write the report (atomically) and its tables (into the page's generated region where it has one); a grid
     stopped early says so in its header."""
     text = report_markdown(report)
-    if json_path:
-        write_text(json_path, json.dumps(report, indent=1))
-    if markdown_path:
-        write_generated(markdown_path, text, json_path)
+    write_report(report, text, json_path, markdown_path)
     return text

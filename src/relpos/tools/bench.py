@@ -22,7 +22,6 @@ before.
 from __future__ import annotations
 
 import gc
-import json
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 import relpos
 
 from .._cli import HelpFormatter
-from .._io import write_generated, write_text
+from .._io import write_report
 from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from .._progress import Progress
 
@@ -447,10 +446,7 @@ def run_from_args(args) -> int:
     report = run_bench(config)
     text = report_markdown(report)
     print(text)
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))
-    if args.markdown:
-        write_generated(args.markdown, text, args.json)
+    write_report(report, text, args.json, args.markdown)
     return 0
 
 
