@@ -16,6 +16,25 @@ import relpos.hf as rh
 from relpos.backends import dispatch as attention_module
 
 
+#: a tiny T5-family config (random weights, built from it: nothing is downloaded)
+T5_SMALL = dict(
+    vocab_size=96, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
+    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+    pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
+)
+
+
+def t5_families() -> dict:
+    """family name -> (config class, model class) of the T5 families that share T5's attention (needs transformers)."""
+    import transformers
+
+    return {
+        "t5": (transformers.T5Config, transformers.T5ForConditionalGeneration),
+        "mt5": (transformers.MT5Config, transformers.MT5ForConditionalGeneration),
+        "umt5": (transformers.UMT5Config, transformers.UMT5ForConditionalGeneration),
+    }
+
+
 def strong_bias(model: torch.nn.Module, std: float = 1.0, seed: int = 3) -> torch.nn.Module:
     """Every relative-bias table drawn with ``std`` (transformers' init is tiny: the bias would not matter)."""
     g = torch.Generator().manual_seed(seed)

@@ -19,16 +19,8 @@ import hf_checks  # noqa: E402
 from relpos.hf._t5like import PositionedOffsets  # noqa: E402
 from transformers.cache_utils import EncoderDecoderCache, StaticCache  # noqa: E402
 
-SMALL = dict(
-    vocab_size=96, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
-    relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
-    pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
-)
-FAMILIES = {
-    "t5": (transformers.T5Config, transformers.T5ForConditionalGeneration),
-    "mt5": (transformers.MT5Config, transformers.MT5ForConditionalGeneration),
-    "umt5": (transformers.UMT5Config, transformers.UMT5ForConditionalGeneration),
-}
+SMALL = hf_checks.T5_SMALL
+FAMILIES = hf_checks.t5_families()
 
 
 def strong_pair(family, **overrides):
