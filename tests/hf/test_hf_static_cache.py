@@ -93,6 +93,16 @@ def test_static_cache_generate_equals_transformers(family, monkeypatch):
     assert torch.isneginf(positioned[0][0].values[:, 2:]).all()  # step 1: keys 2.. are the unseen tail
 
 
+def test_static_cache_generate_with_a_batch_of_one():
+    """One prompt (no padding anywhere): 20 greedy steps give transformers' tokens and per-step logits."""
+    reference, accelerated = strong_pair("t5")
+    inputs, steps = {name: t[:1] for name, t in prompts().items()}, 20
+    a, b = static_generate(reference, inputs, steps), static_generate(accelerated, inputs, steps)
+    assert a.sequences.shape[0] == 1
+    assert_same_generation(a, b, steps)
+    assert_bias_matters(reference, inputs, steps, a)
+
+
 @pytest.mark.parametrize("family", [
     "t5",
     # transformers 5.15's UMT5 decoder self-attention is not flagged causal (is_causal=False): its own eager and
