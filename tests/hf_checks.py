@@ -35,6 +35,46 @@ def t5_families() -> dict:
     }
 
 
+ALIBI_VOCAB = 96
+_ALIBI_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)  # attention matters at init
+
+
+def alibi_families() -> dict:
+    """family name -> (config builder taking overrides, causal-LM class) of the ALiBi families (tiny, no dropout)."""
+    import transformers
+
+    def build(config_class, **defaults):
+        return lambda **o: config_class(**{**defaults, **_ALIBI_TOKENS, **o})
+
+    return {
+        "bloom": (build(transformers.BloomConfig, vocab_size=ALIBI_VOCAB, hidden_size=32, n_layer=2, n_head=4,
+                        hidden_dropout=0.0, attention_dropout=0.0), transformers.BloomForCausalLM),
+        "mpt": (build(transformers.MptConfig, vocab_size=ALIBI_VOCAB, d_model=32, n_layers=2, n_heads=4,
+                      max_seq_len=128), transformers.MptForCausalLM),
+        "falcon": (build(transformers.FalconConfig, vocab_size=ALIBI_VOCAB, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, alibi=True, hidden_dropout=0.0, attention_dropout=0.0),
+                   transformers.FalconForCausalLM),
+    }
+
+
+def zero_alibi(monkeypatch) -> None:
+    """transformers' own ALiBi models with their ALiBi builders returning zeros (no relpos involved)."""
+    from transformers.models.bloom import modeling_bloom
+    from transformers.models.falcon import modeling_falcon
+    from transformers.models.mpt import modeling_mpt
+
+    def zeros(mask, heads, dtype):
+        return torch.zeros(mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype)
+
+    monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", zeros)
+    monkeypatch.setattr(  # transformers 5.15 has no such helper (its builder computes the slopes inline)
+        modeling_bloom, "_get_alibi_slopes", lambda heads, device: torch.zeros(heads, device=device), raising=False
+    )
+    monkeypatch.setattr(modeling_mpt.MptModel, "build_mpt_alibi_tensor",
+                        lambda self, heads, length, *a, device=None: torch.zeros(heads, 1, length, device=device))
+    monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", zeros)
+
+
 def strong_bias(model: torch.nn.Module, std: float = 1.0, seed: int = 3) -> torch.nn.Module:
     """Every relative-bias table drawn with ``std`` (transformers' init is tiny: the bias would not matter)."""
     g = torch.Generator().manual_seed(seed)
@@ -141,6 +181,15 @@ def generate_equal(reference, accelerated, inputs, *, steps=12, samplers=True):
             tokens.append(model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, return_dict_in_generate=False,
                                          **kwargs))  # Pop2Piano's generate keeps the previous call's settings
         assert torch.equal(tokens[0], tokens[1]), kwargs
+
+
+def same_generation(a, b, steps: int) -> None:
+    """Two ``generate(..., output_logits=True, return_dict_in_generate=True)`` results: identical tokens, every
+    step's logits within 1e-5 of the logits' scale."""
+    assert torch.equal(a.sequences, b.sequences)
+    assert len(a.logits) == len(b.logits) == steps
+    for x, y in zip(a.logits, b.logits):
+        assert (x - y).abs().max() <= 1e-5 * max(1.0, x.abs().max().item())
 
 
 def bf16_within_twice_transformers_error(reference, accelerated, inputs, out_key="logits"):

@@ -71,7 +71,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "padding": ("tests/backends/test_uniform_padding.py", "tests/backends/test_fuzz.py", "tests/backends/test_real_inputs.py"),
     "fuzz_windows": ("tests/layers/test_window_attention.py",),
     "fuzz_hf": ("tests/hf/test_fuzz_hf.py", "tests/hf/test_hf_alibi.py"),
-    "hf_static": ("tests/hf/test_hf_static_cache.py",),
+    "hf_static": ("tests/hf/test_hf_static_cache.py", "tests/hf/test_hf_alibi_static_cache.py"),
     "fused_tile": ("tests/backends/test_backends.py", "tests/distributed/test_ring.py"),
 }
 
@@ -196,8 +196,11 @@ MUTANTS: list[Mutant] = [
     Mutant("ring-dkv-home-dropped", "distributed/ring.py", "gk, gv = gk.add_(carried[0]), gv.add_(carried[1])", "gk, gv = gk, gv.add_(carried[1])", "ring attention: the key gradients carried from the previous rank are dropped", "distributed"),
     Mutant("hf-stale-stack-configs-kept", "hf/_t5like.py", "    for config, _ in stale:\n        config._attn_implementation = NAME\n", "", "relpos.hf: stacks holding their own config copy (transformers 5.15) keep running transformers' attention", "hf"),
     Mutant("hf-sam-recorded-weights-missing", "hf/sam.py", "if output_attentions or recording_attentions():  # SAM's layers", "if output_attentions:  # SAM's layers", "SAM adapter: no attention weights when transformers records them (config.output_attentions)", "hf_sam"),
-    Mutant("hf-static-position-ignored", "hf/_t5like.py", "rel = entries - (query_length - 1) - position  # (n,)", "rel = entries - (query_length - 1)  # (n,)", "static cache: the bias ignores the cache position (every step reads offsets as if at position 0)", "hf_static"),
-    Mutant("hf-static-masks-diagonal", "hf/_t5like.py", "masked_fill(rel > 0, float(\"-inf\"))", "masked_fill(rel >= 0, float(\"-inf\"))", "static cache: the folded causal mask also hides each query's own key", "hf_static"),
+    Mutant("hf-static-position-ignored", "hf/_positioned.py", "rel = entries - (query_length - 1) - position  # (n,)", "rel = entries - (query_length - 1)  # (n,)", "static cache: the bias ignores the cache position (every step reads offsets as if at position 0)", "hf_static"),
+    Mutant("hf-static-masks-diagonal", "hf/_positioned.py", "masked_fill(rel > 0, float(\"-inf\"))", "masked_fill(rel >= 0, float(\"-inf\"))", "static cache: the folded causal mask also hides each query's own key", "hf_static"),
+    Mutant("hf-static-alibi-at-the-end", "hf/alibi.py", "static = position is not None and (torch.is_tensor(position) or position != q_offset)", "static = False", "ALiBi families on a static cache: the queries taken as the last Lq keys (causal mask and bias at the cache's end)", "hf_static"),
+    Mutant("hf-static-alibi-position-not-cloned", "hf/alibi.py", "return seen.clone() if isinstance(seen, torch.Tensor) else int(seen)", "return seen if isinstance(seen, torch.Tensor) else int(seen)", "ALiBi families: the static cache's length read by reference, so the update moves the queries' position", "hf_static"),
+    Mutant("hf-static-future-keys-diagonal", "hf/_positioned.py", "return torch.arange(key_length, device=device)[None, :] > rows", "return torch.arange(key_length, device=device)[None, :] >= rows", "static cache, dense rows (Falcon's decoding): each query's own key hidden too", "hf_static"),
     Mutant("fused-one-tile-bias-rows", "backends/_fused.py", "attn_mask=tile_bias(bias, tiles[0], query_length)", "attn_mask=tile_bias(bias, tiles[0], key.shape[-2])", "tile_forward's one-tile shortcut reads the bias view at the key length (wrong whenever Lq != Lk)", "fused_tile"),
 ]
 

@@ -24,18 +24,8 @@ from transformers.models.mpt import modeling_mpt  # noqa: E402
 
 from relpos.backends import dispatch as relpos_attention
 
-VOCAB = 96
-TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)  # attention matters at init
-CONFIGS = {
-    "bloom": lambda **o: transformers.BloomConfig(**{
-        **dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0, attention_dropout=0.0),
-        **TOKENS, **o}),
-    "mpt": lambda **o: transformers.MptConfig(**{
-        **dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=128), **TOKENS, **o}),
-    "falcon": lambda **o: transformers.FalconConfig(**{
-        **dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
-               hidden_dropout=0.0, attention_dropout=0.0), **TOKENS, **o}),
-}
+VOCAB = hf_checks.ALIBI_VOCAB
+CONFIGS = {family: build for family, (build, _) in hf_checks.alibi_families().items()}
 HEADS = {
     "bloom": ("Bloom", transformers.BloomForCausalLM),
     "mpt": ("Mpt", transformers.MptForCausalLM),
@@ -107,26 +97,13 @@ def test_tile_and_fused_paths_equal_transformers(family, monkeypatch):
             assert_close(accelerated(input_ids=ids, attention_mask=mask).logits, expected, what=backend)
 
 
-def zero_alibi(monkeypatch):
-    """transformers' own models with their ALiBi builders returning zeros (no relpos involved)."""
-    monkeypatch.setattr(modeling_bloom, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
-        mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype))
-    monkeypatch.setattr(  # transformers 5.15 has no such helper (its builder computes the slopes inline)
-        modeling_bloom, "_get_alibi_slopes", lambda heads, device: torch.zeros(heads, device=device), raising=False
-    )
-    monkeypatch.setattr(modeling_mpt.MptModel, "build_mpt_alibi_tensor", lambda self, heads, length, *a, device=None: torch.zeros(
-        heads, 1, length, device=device))
-    monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", lambda mask, heads, dtype: torch.zeros(
-        mask.shape[0] * heads, 1, mask.shape[1], dtype=dtype))
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_alibi_term_changes_the_logits_far_beyond_the_tolerance(family, monkeypatch):
     reference, _ = pair(family)
     ids, mask, _ = batch()
     with torch.no_grad():
         with_alibi = reference(input_ids=ids, attention_mask=mask).logits
-        zero_alibi(monkeypatch)
+        hf_checks.zero_alibi(monkeypatch)
         without = reference(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     assert (with_alibi - without)[real].abs().max() > 1e3 * 1e-4 * with_alibi.abs().max()
@@ -534,14 +511,6 @@ def test_bloom_slow_but_exact_is_refused_before_any_change():
     with pytest.raises(ValueError, match="slow_but_exact=True with pretraining_tp=2"):
         rh.accelerate(model)
     assert untouched(model)
-
-
-@pytest.mark.parametrize("family", ["bloom", "falcon"])  # transformers' MPT has no static cache
-def test_a_static_cache_is_refused(family):
-    _, accelerated = pair(family)
-    ids, mask, _ = batch(length=12)
-    with pytest.raises(ValueError, match="static cache"):
-        accelerated.generate(ids, attention_mask=mask, max_new_tokens=2, cache_implementation="static")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -46,12 +46,7 @@ def static_generate(model, inputs, steps, **kwargs):
                               **kwargs)
 
 
-def assert_same_generation(a, b, steps):
-    """Identical tokens; every step's logits within 1e-5 of the logits' scale."""
-    assert torch.equal(a.sequences, b.sequences)
-    assert len(a.logits) == len(b.logits) == steps
-    for x, y in zip(a.logits, b.logits):
-        assert (x - y).abs().max() <= 1e-5 * max(1.0, x.abs().max().item())
+assert_same_generation = hf_checks.same_generation
 
 
 def assert_bias_matters(reference, inputs, steps, out):

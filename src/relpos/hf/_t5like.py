@@ -31,16 +31,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
-from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable
 
 import torch
 from torch import nn
 
-from ..core.bias import OffsetBias
 from ..core.offsets import relative_offsets
 from ..encodings.buckets import relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
+from ._positioned import PositionedOffsets, TableOffsets, positioned_offsets
 from ._family import Family
 
 __all__ = ["PositionedOffsets", "TableOffsets", "switch_stale_configs", "t5_like_family"]
@@ -49,33 +48,6 @@ __all__ = ["PositionedOffsets", "TableOffsets", "switch_stale_configs", "t5_like
 _ATTRIBUTES = ("config", "relative_attention_num_buckets", "relative_attention_max_distance", "is_causal",
                "has_relative_attention_bias")
 _COMPUTE_BIAS = ("self", "query_length", "key_length", "device", "past_seen_tokens")
-
-
-@dataclass(frozen=True)
-class TableOffsets(OffsetBias):
-    """An :class:`OffsetBias` that remembers the table it was read from (to check gradients reach it)."""
-
-    table: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class PositionedOffsets(TableOffsets):
-    """The bias of queries at ``position`` over a preallocated (static) cache, the causal mask folded in.
-
-    A static cache hands ``compute_bias`` its length as a 0-d tensor (``position``) and the keys as the
-    whole cache, unseen tail included. This is stored as an :class:`OffsetBias` with ``q_offset=0``
-    whose values are shifted by the position: ``values[h, t]`` is the bias at offset
-    ``t - (Lq - 1) - position``, so row ``i`` and key ``j`` read the bias of ``j - (position + i)``,
-    as transformers computes it. Every key after a query's position (the causal triangle and the
-    cache's unseen tail) is ``-inf`` in the values, and attention runs with ``causal=False``
-    (:attr:`causal_folded`). The position is never read as a Python number: no graph break, no
-    recompilation per step under ``torch.compile``, no device sync. :meth:`offsets` and
-    :attr:`q_offset` are the nominal, unshifted ones.
-    """
-
-    position: torch.Tensor | int = 0
-    #: the causal mask is in the values: :func:`relpos.hf._attention.relpos_attention_forward` passes ``causal=False``
-    causal_folded: ClassVar[bool] = True
 
 
 def _bucket_values(module: nn.Module, rel: torch.Tensor, bidirectional: bool) -> torch.Tensor:
@@ -113,12 +85,8 @@ def _positioned_offsets(
     yet written, hidden either way (transformers' static-cache mask hides them too, in every release).
     """
     table = module.relative_attention_bias.weight  # (num_buckets, H)
-    if isinstance(position, torch.Tensor):
-        position = position.to(device=table.device, dtype=torch.long)
-    entries = torch.arange(query_length + key_length - 1, device=table.device)  # (n,)
-    rel = entries - (query_length - 1) - position  # (n,): entry t is offset t - (Lq - 1) - position
-    values = _bucket_values(module, rel, bidirectional).masked_fill(rel > 0, float("-inf"))  # (H, n)
-    return PositionedOffsets(values.contiguous(), query_length, key_length, 0, table=table, position=position)
+    return positioned_offsets(lambda rel: _bucket_values(module, rel, bidirectional), query_length, key_length,
+                              position, device=table.device, table=table)
 
 
 def _instance_compute_bias(bidirectional: Callable[[nn.Module], bool]):

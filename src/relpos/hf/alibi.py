@@ -14,6 +14,9 @@ class) and switches the model's masks to 2-D key padding masks ``(B, Lk)``:
    into one extra query/key channel (:func:`per_key_channel`). Neither builds ``(B, H, Lq, Lk)``.
    Each instance forward reads the config's implementation at every call: under any other name it
    runs the class's forward (transformers' own dense path, with the masks transformers then builds).
+   Each reads the cache's length before updating it (:func:`cache_position`): with a static cache the
+   queries sit at that position, not at the end of the keys, and the bias is built there
+   (:mod:`relpos.hf._positioned`: a tensor position, no recompilation per step).
 3. Each ``PreTrainedModel`` of the model gets an instance ``set_attn_implementation`` (transformers'
    own ignores the call for these families: they have no attention interface) that switches the
    config between ``"eager"``, ``"sdpa"`` (where the family has it) and ``"relpos_alibi"``.
@@ -47,12 +50,14 @@ import torch
 from torch import nn
 
 from .._checks import check_choice
+from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
 from ..backends.dispatch import attention
+from ._positioned import future_keys, positioned_offsets
 
 __all__ = [
-    "MASK_NAME", "alibi_attention", "check_fits", "contiguous", "key_padding_mask", "patch_instances", "per_key_channel",
-    "refuse_static_cache",
+    "MASK_NAME", "alibi_attention", "cache_position", "check_fits", "contiguous", "key_padding_mask", "keys_of_cache",
+    "patch_instances", "per_key_channel",
 ]
 
 MASK_NAME = "relpos_alibi"
@@ -64,7 +69,7 @@ def key_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, m
     if attention_mask is None:
         return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))  # (B, Lk)
     mask = attention_mask[:, -kv_length:].bool()  # (B, <= Lk)
-    if mask.shape[-1] < kv_length:  # never for a dynamic cache; static caches are refused at the layer
+    if mask.shape[-1] < kv_length:  # a static cache's unseen tail (a mask of the tokens seen): hidden
         mask = nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=False)
     return mask
 
@@ -188,13 +193,14 @@ def check_fits(module: nn.Module, family: str, *, parameters: list[str] | tuple[
         )
 
 
-def refuse_static_cache(cache, family: str) -> None:
-    if getattr(cache, "is_compileable", False):
-        raise ValueError(
-            f"relpos.hf ({family}): past_key_values is a {type(cache).__name__} (a static cache), which relpos's ALiBi "
-            "families do not support: its key length is the cache size, not the tokens seen. Use the default "
-            "dynamic cache (generate(..., cache_implementation=None)) or relpos.hf.restore(model)"
-        )
+def cache_position(cache, layer_idx: int) -> torch.Tensor | int | None:
+    """The tokens ``cache`` held before this call's keys (read it before ``cache.update``): the position of the
+    call's first query. A static cache's is a 0-d tensor (cloned: ``update`` adds to it in place); None without
+    a cache."""
+    if cache is None:
+        return None
+    seen = cache.get_seq_length(layer_idx)
+    return seen.clone() if isinstance(seen, torch.Tensor) else int(seen)
 
 
 def contiguous(key_mask: torch.Tensor) -> bool:
@@ -211,6 +217,13 @@ def contiguous(key_mask: torch.Tensor) -> bool:
     return bool(((kept == 0) | (last - first + 1 == kept)).all())
 
 
+def keys_of_cache(per_key: torch.Tensor, key_length: int) -> torch.Tensor:
+    """A model's per-key ALiBi ``(B, H, <= Lk)`` over all ``key_length`` keys: built from a padding mask of the
+    tokens seen, it misses a static cache's unseen tail, which the mask hides; zeros there."""
+    missing = key_length - per_key.shape[-1]
+    return nn.functional.pad(per_key, (0, missing)) if missing > 0 else per_key  # (B, H, Lk)
+
+
 def per_key_channel(query, key, value, per_key: torch.Tensor):
     """Fold an additive per-key term into one extra channel: ``[q, 1] . [k, b_j] = q . k + b_j``.
 
@@ -220,6 +233,7 @@ def per_key_channel(query, key, value, per_key: torch.Tensor):
     Returns ``(q, k, v)`` with ``d + 1`` channels; drop the output's last channel.
     """
     heads = query.shape[1]
+    per_key = keys_of_cache(per_key, key.shape[2])  # (B, H, Lk)
     if key.shape[1] != heads:
         key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
         value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, d)
@@ -231,13 +245,12 @@ def per_key_channel(query, key, value, per_key: torch.Tensor):
 
 
 def _decoding_rows(query, key, value, bias: torch.Tensor, key_mask: torch.Tensor | None, scale: float,
-                   q_offset: int) -> torch.Tensor:
+                   position: torch.Tensor | int) -> torch.Tensor:
     """A few query rows without gradients (a decoding step): one SDPA call with the ``(B, H, Lq, Lk)``
     additive term, the padding and the causal mask folded in as the dtype's minimum, as transformers'
     sdpa path does (a row that sees no key gets uniform weights, as there); none of the general path's
     per-call work, which costs more than these rows' attention."""
-    lq, lk = query.shape[2], key.shape[2]
-    hidden = torch.ones(lq, lk, dtype=torch.bool, device=query.device).triu(q_offset + 1)  # (Lq, Lk): the future
+    hidden = future_keys(query.shape[2], key.shape[2], position, device=query.device)  # (Lq, Lk)
     if key_mask is not None:
         hidden = hidden | ~key_mask.bool()[:, None, None, :]  # (B, 1, Lq, Lk)
     terms = bias.masked_fill(hidden, torch.finfo(bias.dtype).min)  # (B, H, Lq, Lk)
@@ -245,11 +258,11 @@ def _decoding_rows(query, key, value, bias: torch.Tensor, key_mask: torch.Tensor
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=terms, scale=scale, **gqa)
 
 
-def _dead_rows(key_mask: torch.Tensor, query_length: int, q_offset: int) -> torch.Tensor:
+def _dead_rows(key_mask: torch.Tensor, query_length: int, position: torch.Tensor | int) -> torch.Tensor:
     """(B, Lq): queries that see no real key under the causal mask (left-padding positions)."""
     first = torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])  # (B,)
-    position = torch.arange(query_length, device=key_mask.device) + q_offset  # (Lq,)
-    return position[None, :] < first[:, None]  # (B, Lq)
+    rows = torch.arange(query_length, device=key_mask.device) + position  # (Lq,)
+    return rows[None, :] < first[:, None]  # (B, Lq)
 
 
 def _uniform_rows(query, key, value, scale: float, scores_learn: bool) -> torch.Tensor:
@@ -274,6 +287,18 @@ def _uniform_rows(query, key, value, scale: float, scores_learn: bool) -> torch.
     return (mean + zero).to(query.dtype)  # (B, H, Lq, dv)
 
 
+def _positioned(bias: ALiBi | torch.Tensor | None, heads: int, query_length: int, key_length: int,
+                position: torch.Tensor | int, device) -> OffsetBias | torch.Tensor:
+    """``bias`` for queries at a static cache's ``position``, every later key at ``-inf`` (attention then runs
+    with ``causal=False``): an ALiBi or no bias (a caller's extra channel) per offset, a dense term masked."""
+    if torch.is_tensor(bias):  # (B, H, Lq, Lk)
+        return bias.masked_fill(future_keys(query_length, key_length, position, device=device), float("-inf"))
+    if bias is None:
+        return positioned_offsets(lambda rel: torch.zeros(heads, rel.numel(), device=device), query_length,
+                                  key_length, position, device=device)
+    return positioned_offsets(bias.bias_at, query_length, key_length, position, device=device)
+
+
 def alibi_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -285,30 +310,39 @@ def alibi_attention(
     dropout_p: float = 0.0,
     output_attentions: bool = False,
     scores_learn: bool = True,
+    position: torch.Tensor | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal attention of the last ``Lq`` positions over ``Lk`` keys, as the ALiBi families compute it.
+    """Causal attention of ``Lq`` queries over ``Lk`` keys, as the ALiBi families compute it.
 
     ``query`` ``(B, H, Lq, d)``, ``key``/``value`` ``(B, Hkv, Lk, d)``; ``bias`` a per-offset ALiBi, a
     dense additive ``(B, H, Lq, Lk)`` term for a few query rows (decoding), or ``None`` when the caller
     folded its bias into the channels; ``mask`` the key padding mask ``(B, Lk)``
     or a boolean ``(B, 1, Lq, Lk)`` mask (``True`` = attend), causal or not (the causal mask is applied).
+    ``position``: the cache position of the first query (:func:`cache_position`); None or ``Lk - Lq``:
+    the queries are the last ``Lq`` keys. A static cache's (a tensor, or fewer than ``Lk - Lq``) takes
+    the bias at that position with the keys after it hidden (:mod:`relpos.hf._positioned`).
     Returns ``(out (B, H, Lq, dv), weights (B, H, Lq, Lk) or None)``; rows that see no real key get
     the mean of the values (uniform weights), as in transformers, with its gradient
     (``scores_learn``: the model adds its mask, so those rows' scores still get gradients).
     """
     query_length, key_length = query.shape[2], key.shape[2]
     q_offset = key_length - query_length
+    static = position is not None and (torch.is_tensor(position) or position != q_offset)
+    position = position if static else q_offset
     if torch.is_tensor(bias) and not output_attentions and not torch.is_grad_enabled() and (mask is None or mask.dim() == 2):
-        return _decoding_rows(query, key, value, bias, mask, scale, q_offset), None
+        return _decoding_rows(query, key, value, bias, mask, scale, position), None
     if isinstance(bias, ALiBi) and bias.slopes.device != query.device:  # built on the CPU (or the model moved): once
         bias.to(query.device)
+    if static:  # the causal mask at the cache position, in the bias
+        bias = _positioned(bias, query.shape[1], query_length, key_length, position, query.device)
     masks = {} if mask is None else {"key_mask": mask} if mask.dim() == 2 else {"attn_mask": mask}
-    common = dict(bias=bias, causal=True, scale=scale, dropout_p=dropout_p, q_offset=q_offset, **masks)
+    common = dict(bias=bias, causal=not static, scale=scale, dropout_p=dropout_p, q_offset=0 if static else q_offset,
+                  **masks)
     dead = None
     if mask is not None and mask.dim() == 2:
-        dead = _dead_rows(mask, query_length, q_offset)[:, None, :, None]  # (B, 1, Lq, 1)
+        dead = _dead_rows(mask, query_length, position)[:, None, :, None]  # (B, 1, Lq, 1)
     elif mask is not None:
-        future = torch.ones(query_length, key_length, dtype=torch.bool, device=mask.device).triu(q_offset + 1)
+        future = future_keys(query_length, key_length, position, device=mask.device)  # (Lq, Lk)
         dead = ~(mask & ~future).any(-1, keepdim=True)  # (B, 1|H, Lq, 1)
     if output_attentions:  # the eager reference, with an identity "value" so one call returns the weights
         eye = torch.eye(key_length, dtype=query.dtype, device=query.device)

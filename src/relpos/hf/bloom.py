@@ -21,7 +21,7 @@ from torch import nn
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import (
-    alibi_attention, check_fits, contiguous, model_alibi, patch_instances, per_key_channel, refuse_static_cache,
+    alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances, per_key_channel,
 )
 
 __all__ = ["FAMILY"]
@@ -43,21 +43,21 @@ def _per_offset_fits(attention_mask: torch.Tensor | None) -> bool:
 def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alibi, attention_mask, layer_past=None,
              use_cache=False, output_attentions=False, **kwargs):
     """``BloomAttention.forward`` on relpos attention: ``(output (B, L, D), weights or None)``."""
-    refuse_static_cache(layer_past, "Bloom")
     batch, query_length, _ = hidden_states.shape
     query, key, value = module._reshape(module.query_key_value(hidden_states))  # (B, H, Lq, d) each
+    position = cache_position(layer_past, module.layer_idx)  # before the update adds this call's keys
     if layer_past is not None:
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
     if _per_offset_fits(attention_mask):
         out, weights = alibi_attention(query, key, value, bias=alibi_bias, mask=attention_mask, scale=scale,
-                                       dropout_p=dropout_p, output_attentions=output_attentions)
+                                       dropout_p=dropout_p, output_attentions=output_attentions, position=position)
     else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel
         per_key = alibi.view(batch, module.num_heads, -1).float() * (module.beta / scale)  # (B, H, Lk)
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
         out, weights = alibi_attention(query, key, value, bias=None, mask=attention_mask, scale=scale,
-                                       dropout_p=dropout_p, output_attentions=output_attentions)
+                                       dropout_p=dropout_p, output_attentions=output_attentions, position=position)
         out = out[..., : module.head_dim]  # (B, H, Lq, d): the extra channel dropped
     context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     dropout_add = sys.modules[type(module).__module__].dropout_add
@@ -105,6 +105,6 @@ FAMILY = register(
         attention_classes=("BloomAttention",),
         check=_check,
         apply=_apply,
-        unsupported="slow_but_exact=True with pretraining_tp > 1; static caches",
+        unsupported="slow_but_exact=True with pretraining_tp > 1",
     )
 )

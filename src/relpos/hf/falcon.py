@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import nn
 
 from ._family import Family, register
-from .alibi import alibi_attention, check_fits, patch_instances, per_key_channel, refuse_static_cache
+from .alibi import alibi_attention, cache_position, check_fits, keys_of_cache, patch_instances, per_key_channel
 
 __all__ = ["FAMILY"]
 
@@ -39,16 +39,16 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
     """``FalconAttention.forward`` (ALiBi branch) on relpos attention: ``(output (B, L, D), weights or None)``."""
     if alibi is None:
         raise ValueError("relpos.hf (Falcon): this layer got no alibi; only Falcon configs with alibi=True are accelerated")
-    refuse_static_cache(layer_past, "Falcon")
     batch, query_length, _ = hidden_states.shape
     kv_heads = module.num_heads if module.new_decoder_architecture else module.num_kv_heads
     query, key, value = module._split_heads(module.query_key_value(hidden_states))  # (B, Lq, H|Hkv, d)
     query = query.transpose(1, 2).reshape(batch, module.num_heads, query_length, module.head_dim)  # (B, H, Lq, d)
     key = key.transpose(1, 2).reshape(batch, kv_heads, query_length, module.head_dim)  # (B, Hkv, Lq, d)
     value = value.transpose(1, 2).reshape(batch, kv_heads, query_length, module.head_dim)  # (B, Hkv, Lq, d)
+    position = cache_position(layer_past, module.layer_idx)  # before the update adds this call's keys
     if layer_past is not None:
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, Hkv, Lk, d)
-    per_key = alibi.view(batch, module.num_heads, -1)  # (B, H, Lk): added before the 1/sqrt(d) scale
+    per_key = keys_of_cache(alibi.view(batch, module.num_heads, -1), key.shape[2])  # (B, H, Lk): before the 1/sqrt(d)
     bias = None
     if query_length <= _DENSE_ROWS:  # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache
         bias = (per_key[:, :, None, :] * module.inv_norm_factor).to(query.dtype).expand(-1, -1, query_length, -1)
@@ -57,6 +57,7 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
     out, weights = alibi_attention(
         query, key, value, bias=bias, mask=attention_mask, scale=module.inv_norm_factor,
         dropout_p=module.attention_dropout.p if module.training else 0.0, output_attentions=output_attentions,
+        position=position,
     )
     context = out[..., : module.head_dim].transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     return module.dense(context), weights
@@ -89,6 +90,6 @@ FAMILY = register(
         attention_classes=("FalconAttention",),
         check=_check,
         apply=_apply,
-        unsupported="alibi=False (rotary positions: not an ALiBi model); flash-attention modules; static caches",
+        unsupported="alibi=False (rotary positions: not an ALiBi model); flash-attention modules",
     )
 )

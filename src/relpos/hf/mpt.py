@@ -25,7 +25,7 @@ from torch import nn
 
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
-from .alibi import alibi_attention, check_fits, model_alibi, patch_instances, refuse_static_cache
+from .alibi import alibi_attention, cache_position, check_fits, model_alibi, patch_instances
 
 __all__ = ["FAMILY"]
 
@@ -43,13 +43,13 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, wants: Callable[[], bool], hi
     ``wants()``: whether the block asked for the weights (``MptBlock`` passes no flag to its attention).
     """
     past_key_values = cache if past_key_values is None else past_key_values
-    refuse_static_cache(past_key_values, "MPT")
     batch, query_length = hidden_states.shape[:2]
     qkv = module.Wqkv(hidden_states)  # (B, Lq, 3 * D)
     if module.clip_qkv:
         qkv = qkv.clamp(min=-module.clip_qkv, max=module.clip_qkv)
     heads = (t.reshape(batch, query_length, module.n_heads, module.head_dim).transpose(1, 2) for t in qkv.chunk(3, dim=2))
     query, key, value = heads  # (B, H, Lq, d) each
+    position = cache_position(past_key_values, module.layer_idx)  # before the update adds this call's keys
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     if attention_mask is not None and attention_mask.dim() == 4:
@@ -59,6 +59,7 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, wants: Callable[[], bool], hi
         scale=module.softmax_scale, dropout_p=module.attn_dropout_p if module.training else 0.0,
         output_attentions=bool(kwargs.get("output_attentions", wants())),
         scores_learn=False,  # MPT masks with masked_fill
+        position=position,
     )
     context = out.transpose(1, 2).reshape(batch, query_length, -1)  # (B, Lq, H * d)
     return module.out_proj(context), weights
@@ -121,6 +122,6 @@ FAMILY = register(
         attention_classes=("MptAttention",),
         check=_check,
         apply=_apply,
-        unsupported="static caches",
+        unsupported="static-cache generation (transformers' MPT has none)",
     )
 )
