@@ -282,6 +282,15 @@ def cases(batch, heads, length, dim):
             "flashbias_fold": flashbias_fold(q, k, v, bias.slopes, scale),
         }
 
+    def t5_dropout_train():  # T5's training default: attention dropout 0.1
+        q, k, v = make_inputs(batch, heads, length, dim, grad=True)
+        bias = t5(heads, grad=True)
+        return {
+            "sdpa_no_bias": lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1),
+            "relpos_triton": relpos_route(q, k, v, bias, "triton", dropout_p=0.1),
+            "relpos_sdpa": relpos_route(q, k, v, bias, "sdpa", dropout_p=0.1),
+        }
+
     def padded(grad):
         def build():
             q, k, v = make_inputs(batch, heads, length, dim, grad=grad)
@@ -303,6 +312,7 @@ def cases(batch, heads, length, dim):
         "alibi_forward": (False, alibi_forward),
         "causal_alibi_forward": (False, causal_alibi_forward),
         "causal_alibi_train": (True, causal_alibi_train),
+        "t5_dropout_train": (True, t5_dropout_train),
         "padded_forward": (False, padded(False)),
         "padded_train": (True, padded(True)),
     }

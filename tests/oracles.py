@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 import relpos
@@ -28,6 +29,7 @@ __all__ = [
     "dropout_keep",
     "offsets",
     "paper_slopes",
+    "philox_keep",
 ]
 
 
@@ -141,6 +143,31 @@ def dropout_keep(seed: int, batch: int, heads: int, query_length: int, key_lengt
             r1 = min(query_length, (g + 1) * rows)
             out[b, :, g * rows : r1] = (u >= threshold)[:, : r1 - g * rows]
     return out
+
+
+def _philox_first_word(seed: int, counters: np.ndarray) -> np.ndarray:
+    """Philox4x32-10 (Salmon et al., SC 2011) of the 64-bit ``counters`` as the 4-word counter
+    ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the first output word (uint32), as
+    Triton's ``tl.randint(seed, offset)`` documents it. numpy, written from the paper's round function."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1 = counters & m32, counters >> np.uint64(32)
+    c2 = c3 = np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    for _ in range(10):
+        prod_a, prod_b = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # exact: 32 x 32 bits fit in 64
+        c0, c1, c2, c3 = ((prod_b >> np.uint64(32)) ^ c1 ^ k0, prod_b & m32, (prod_a >> np.uint64(32)) ^ c3 ^ k1,
+                          prod_a & m32)
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return c0
+
+
+def philox_keep(seed: int, batch: int, heads: int, query_length: int, key_length: int, p: float) -> torch.Tensor:
+    """(B, H, Lq, Lk) keep-mask of the Triton kernel's dropout as relpos/backends/_triton.py documents it: score
+    ``(b, h, i, j)`` is kept when the low 16 bits of Philox at counter ``((b H + h) Lq + i) Lk + j`` reach
+    ``round(p * 2**16)``."""
+    counters = np.arange(batch * heads * query_length * key_length, dtype=np.uint64)
+    bits = _philox_first_word(seed, counters) & np.uint64(0xFFFF)
+    return torch.from_numpy(bits >= round(p * 65536)).reshape(batch, heads, query_length, key_length)
 
 
 def attend(q, k, v, bias=None, *, causal=False, keep=None, mask=None, scale=None, q_offset=0, drop=None, p=0.0):

@@ -16,7 +16,7 @@ TARGETS = {  # the issue's targets: the position term's time over the floor's
 OLD_ROUTE = {  # what relpos's auto ran before the Triton kernel (docs/benchmarks/gpu/attention.md)
     "t5_forward": "relpos_sdpa", "t5_train": "relpos_flex", "causal_t5_forward": "relpos_sdpa",
     "causal_t5_train": "relpos_flex", "alibi_forward": "relpos_sdpa", "causal_alibi_forward": "relpos_sdpa",
-    "padded_forward": "relpos_sdpa", "padded_train": "relpos_sdpa",
+    "padded_forward": "relpos_sdpa", "padded_train": "relpos_sdpa", "t5_dropout_train": "relpos_sdpa",
 }
 
 

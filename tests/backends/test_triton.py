@@ -19,7 +19,8 @@ pytest.importorskip("triton")  # the dev extra installs it (tests/conftest.py: u
 import relpos  # noqa: E402
 from relpos.backends import _triton  # noqa: E402
 
-from oracles import assert_bias_matters, attend, bias_oracle  # noqa: E402
+from oracles import assert_bias_matters, attend, bias_oracle, philox_keep  # noqa: E402
+from relpos.backends._dropout import draw_seed  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, D = 4, 16
@@ -249,8 +250,6 @@ def test_closed_forms_are_used_for_alibi_and_offsets_for_a_trained_table():
 
 def test_refusals_name_the_fix():
     q, k, v = qkv(1, 20, 20)
-    with pytest.raises(ValueError, match="draws no dropout mask"):
-        relpos.attention(q, k, v, bias=BIASES["t5"](), dropout_p=0.1, backend="triton")
     with pytest.raises(ValueError, match="takes float16, bfloat16 or float32"):
         relpos.attention(*(t.double() for t in (q, k, v)), backend="triton")
 
@@ -277,4 +276,67 @@ def test_clipped_blocks_on_the_edge_of_the_flat_range(radius):
     out.square().sum().backward()
     torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
     for a, b in zip([t.grad for t in leaves] + [bias.relative_bias.grad], [t.grad for t in exact] + [table_grad]):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+
+
+def seeded_call(seed):
+    """The dropout seed relpos.attention draws after ``torch.manual_seed(seed)`` (one draw per call)."""
+    torch.manual_seed(seed)
+    return draw_seed()
+
+
+def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(monkeypatch):
+    """Uniform weights (q = 0) over one-hot values read the kept weights out of the output: exactly the Philox
+    mask of each (example, head, query, key) position (tests/oracles.py, written from the paper), scaled by
+    1 / (1 - p') with p' = round(p * 2**16) / 2**16; the same with other tile sizes; about p of them dropped."""
+    batch, lq, lk, p = 2, 37, 40, 0.3
+    q = torch.zeros(batch, H, lq, D)
+    k = torch.randn(batch, H, lk, D)
+    v = torch.eye(lk).expand(batch, H, lk, lk).contiguous()  # (B, H, Lk, dv = Lk): the output is the weights
+    keep = philox_keep(seeded_call(11), batch, H, lq, lk, p)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        weights = run(None, q, k, v, dropout_p=p).cpu()  # (B, H, Lq, Lk)
+    torch.testing.assert_close(weights.double(), keep.double() / lk / (1 - round(p * 65536) / 65536))
+    monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks((32, 16, 1, 1), (16, 32, 1, 1), (32, 16, 1, 1)))
+    torch.manual_seed(11)
+    with torch.no_grad():
+        assert torch.equal(run(None, q, k, v, dropout_p=p).cpu(), weights)
+    assert abs(1 - keep.float().mean().item() - p) < 0.02  # 11,840 draws
+
+
+@pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows"])
+def test_dropout_forward_and_gradients_equal_the_oracle(case):
+    """With dropout, output and the gradients of q, k, v and the table equal fp64 autograd of the formula with
+    the kernel's mask (tests/oracles.py philox_keep): the backward re-draws the forward's mask in both kernels."""
+    bias, batch, lq, lk, kv_heads, causal, q_offset = {
+        "t5_causal_padded": (BIASES["t5"](), 2, 45, 45, H, True, 0),
+        "alibi_grouped": (BIASES["alibi"](), 2, 33, 33, 2, True, 0),
+        "cross_rows": (BIASES["clipped"](), 1, 20, 50, H, False, 0),
+    }[case]
+    q, k, v = qkv(batch, lq, lk, kv_heads=kv_heads)
+    keep = torch.ones(batch, lk, dtype=torch.bool)
+    keep[-1, 31:] = False  # the last example padded
+    p = 0.25
+    drop = philox_keep(seeded_call(5), batch, H, lq, lk, p)
+    weights = torch.randn(batch, H, lq, D, generator=torch.Generator().manual_seed(1))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    slopes = bias._slopes if isinstance(bias, relpos.ALiBi) else None
+    dense = bias_oracle(bias, lq, lk, q_offset, slopes=slopes, grad=True)
+    want = attend(*exact, dense, causal=causal, keep=keep, q_offset=q_offset, drop=drop, p=p)
+    (want * weights.double()).sum().backward()
+    params = [p for p in bias.parameters() if p.requires_grad]
+    want_grads = [t.grad for t in exact] + [t.grad.double() for t in params]
+    no_drop = attend(*(t.detach() for t in exact), dense.detach(), causal=causal, keep=keep, q_offset=q_offset)
+    assert_bias_matters(want, no_drop, 1e-4)  # the mask moves the output far beyond the tolerance
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(5)
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal, key_mask=keep.to(DEVICE), q_offset=q_offset,
+                           dropout_p=p, backend="triton")
+    (out * weights.to(DEVICE)).sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    got = [t.grad for t in leaves] + [t.grad for t in params]
+    assert len(got) == len(want_grads) >= 3
+    for a, b in zip(got, want_grads):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)

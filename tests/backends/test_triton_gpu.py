@@ -95,3 +95,31 @@ def test_training_a_table_holds_no_dense_scores():
     relpos.attention(q, k, v, bias=bias, backend="triton").float().sum().backward()
     torch.cuda.synchronize()
     assert (torch.cuda.max_memory_allocated() - base) / 2**20 < 1024 / 8
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_outputs_and_gradients_at_real_size(causal):
+    """Dropout 0.1 at L = 700 with the kernel's real tiles: the mask is Philox at each score's position
+    (tests/oracles.py philox_keep), outputs and gradients (the table's included) against fp64 autograd."""
+    from oracles import philox_keep
+    from relpos.backends._dropout import draw_seed
+
+    batch, length, p = 2, 700, 0.1
+    bias = strong_t5(bidirectional=not causal)
+    q, k, v = inputs(batch, length, length)
+    torch.manual_seed(9)
+    drop = philox_keep(draw_seed(), batch, H, length, length, p)
+    weights = torch.randn(batch, H, length, D, generator=torch.Generator().manual_seed(5))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = attend(*exact, bias_oracle(bias, length, length, grad=True), causal=causal, drop=drop, p=p)
+    (want * weights.double()).sum().backward()
+    want_grads = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.double()]
+    ours = strong_t5(bidirectional=not causal).cuda()
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(9)
+    out = relpos.attention(*leaves, bias=ours, causal=causal, dropout_p=p, backend="triton")
+    (out * weights.cuda()).sum().backward()
+    assert (out.detach().cpu().double() - want.detach()).abs().max() < 2e-4
+    got = [t.grad for t in leaves] + [ours.relative_attention_bias.weight.grad]
+    for name, a, b in zip(("q", "k", "v", "table"), got, want_grads):
+        assert (a.cpu().double() - b).abs().max() <= 1e-4 * max(1.0, float(b.abs().max())), name

@@ -1,4 +1,7 @@
-"""Attention dropout masks that every relpos backend draws identically.
+"""Attention dropout masks that the eager and fused backends draw identically.
+
+(The Triton kernel follows the same rounding, scale and one seed per call, but draws its bits with
+Philox inside each tile: relpos/backends/_triton.py, :func:`_kept`.)
 
 A call with ``dropout_p > 0`` takes one seed from torch's global RNG (so ``torch.manual_seed``
 makes it reproducible). The keep-mask of example ``b``, query rows ``64 g .. 64 g + 63`` and every

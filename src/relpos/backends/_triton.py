@@ -12,7 +12,11 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
 * ``BIAS_CAUSAL_LINEAR`` / ``BIAS_SYMMETRIC_LINEAR``: ALiBi's closed forms ``m * min(j - i, 0)`` and
   ``-m * |j - i|`` from one slope per head;
 * causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
-  tiles they cut are masked.
+  tiles they cut are masked;
+* attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
+  position (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the
+  tiles; the drop probability is rounded to 2**-16 and kept weights scaled by ``1 / (1 - p')`` as
+  in relpos's other backends.
 
 Bias gradient (``d values[h, t]`` = the sum of ``dS`` over the diagonal ``j - i = t - Lq + 1``, over
 the batch): each (query block, key block) tile reduces its ``dS`` along its ``BM + BN - 1``
@@ -81,6 +85,15 @@ def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _kept(seed, rng_base, rows, cols, Lk, threshold):
+    """Dropout's keep-mask of the scores (``rows``, ``cols``) of one (example, query head): Philox4x32-10
+    keyed by ``seed`` at counter ``rng_base + row * Lk + col`` (``rng_base = (b * H + h) * Lq * Lk``); a
+    score is kept when the first word's low 16 bits are at least ``threshold = round(p * 2**16)``."""
+    offset = rng_base + rows.to(tl.int64) * Lk + cols
+    return (tl.randint(seed, offset) & 0xFFFF) >= threshold
+
+
+@triton.jit
 def _load_block(base, offs, stride, offs_d, limit, D: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
     """(rows, D_PAD) block; bounds are checked only where a block can cross them."""
     ptrs = base + offs[:, None] * stride + offs_d[None, :]
@@ -128,9 +141,9 @@ def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FL
 @triton.jit
 def _fwd_step(
     acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, n0, lo, hi,
-    stride_kn, stride_vn, q_offset, qk_scale,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
@@ -142,20 +155,22 @@ def _fwd_step(
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
     p = tl.math.exp2(s - m_use[:, None])  # (BM, BN)
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's normalizer: dropout comes after it
+    if DROPOUT:  # dropped weights out; the kept ones are scaled once, at the end
+        p = tl.where(_kept(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, drop_t), p, 0.0)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BM, DV)
     return acc, m_new, l_i
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "seed", "drop_t"])
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, stride_vals,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -170,6 +185,7 @@ def _fwd_kernel(
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h)
+    rng_base = pid_bh.to(tl.int64) * Lq * Lk  # dropout's counters of this (example, head)
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -179,24 +195,26 @@ def _fwd_kernel(
         c_lo = tl.load(vals + t_lo - (Lq - 1))
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BN, PRECISION)
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BN, PRECISION)
     for n0 in range(e1, e2, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, BN, PRECISION)
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, BN, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BN, PRECISION)
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BN, PRECISION)
     for n0 in range(full, hi, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BN, PRECISION)
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BN, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
+    if DROPOUT:
+        out = out * drop_scale  # 1 / (1 - p) for the kept weights
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))  # base 2
     tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :],
              out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < DV))
@@ -219,9 +237,9 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, lo, hi, Lq,
-    stride_qm, stride_dm, q_offset, qk_scale,
+    stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_m = m0 + tl.arange(0, BM)
     q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
@@ -237,21 +255,26 @@ def _dkdv_step(
     pt = tl.math.exp2(st - lse[None, :])  # (BN, BM)
     if MASK:
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
     dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
+    if DROPOUT:  # the forward's mask, transposed: dv takes the kept weights (scaled at the end)
+        keep = _kept(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, drop_t)  # (BN, BM)
+        dv = tl.dot(tl.where(keep, pt, 0.0).to(do.dtype), do, dv, input_precision=PRECISION)
+        dpt = tl.where(keep, dpt * drop_scale, 0.0)
+    else:
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
     dst = pt * (dpt - delta[None, :])
     dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "seed", "drop_t"])
 def _dkdv_kernel(
     Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals,
-    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi,
+    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dk, dv of one key block of one key/value head: every query head of its group, every query block.
@@ -296,33 +319,41 @@ def _dkdv_kernel(
         do_base = DO + b * stride_db + h * stride_dh
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
+        rng_base = (b * H + h).to(tl.int64) * Lq * Lk
         for m0 in range(m_start, u0, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BM, PRECISION)
         if FLAT:
             c_hi = tl.load(vals + t_hi - (Lq - 1))
             for m0 in range(u0, f1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BM, PRECISION)
+                                    seed, rng_base, Lk, drop_t, drop_scale,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BM, PRECISION)
         for m0 in range(f1, f2, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, BM, PRECISION)
         if FLAT:
             c_lo = tl.load(vals + t_lo - (Lq - 1))
             for m0 in range(f2, u1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, BM, PRECISION)
+                                    seed, rng_base, Lk, drop_t, drop_scale,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BM, PRECISION)
         for m0 in range(u1, m_end, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BM, PRECISION)
     kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
+    if DROPOUT:
+        dv = dv * drop_scale
     tl.store(DV_OUT + pid_bh * Lk * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
              mask=kv_mask & (offs_dv[None, :] < DV))
 
@@ -341,10 +372,10 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
 @triton.jit
 def _dq_step(
     dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi, Lq, n_vals,
-    stride_kn, stride_vn, q_offset, qk_scale,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DIAGONALS: tl.constexpr, DETERMINISTIC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, DIAGONALS: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dq += dS k for one key block; returns the tile's dS sum too (the gradient of a flat tile's one value)."""
     offs_n = n0 + tl.arange(0, BN)
@@ -356,6 +387,8 @@ def _dq_step(
     if MASK:
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
+    if DROPOUT:  # the gradient reaches the weights the forward kept, scaled as they were
+        dp = tl.where(_kept(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, drop_t), dp * drop_scale, 0.0)
     ds = p * (dp - delta[:, None])  # the score gradient, natural units
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     total = tl.sum(tl.zeros([BM], tl.float32), 0)
@@ -371,14 +404,14 @@ def _dq_step(
     return dq, total
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "seed", "drop_t"])
 def _dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -396,6 +429,7 @@ def _dq_kernel(
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
+    rng_base = pid_bh.to(tl.int64) * Lq * Lk
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h)
@@ -409,24 +443,28 @@ def _dq_kernel(
         for n0 in range(lo, e1, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, False, DETERMINISTIC, BM, BN, BT, PRECISION)
             lo_sum += part
     for n0 in range(e1, e2, BN):
         dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
                             n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            seed, rng_base, Lk, drop_t, drop_scale,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
         hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
         for n0 in range(e2, full, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, False, DETERMINISTIC, BM, BN, BT, PRECISION)
             hi_sum += part
     for n0 in range(full, hi, BN):
         dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
                             n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            seed, rng_base, Lk, drop_t, drop_scale,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
     tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and FLAT:  # the flat tiles' whole gradient lands on the range's one entry
@@ -474,6 +512,17 @@ class TritonSpec:
     q_offset: int
     flat: tuple[int, int] | None  # indices into the values (OffsetBias.flat_indices) or None
     deterministic: bool = False
+    dropout: tuple[int, float] | None = None  # (seed, p): attention dropout drawn in the kernels (:func:`_kept`)
+
+
+def _dropout_args(spec: TritonSpec) -> dict:
+    """The kernels' dropout arguments: the seed, the 16-bit threshold ``round(p * 2**16)`` and ``1 / (1 - p')``
+    with ``p'`` that threshold over 2**16 (relpos's rounding rule, relpos.backends._dropout.effective_p)."""
+    if spec.dropout is None:
+        return dict(seed=0, drop_t=0, drop_scale=1.0, DROPOUT=False)
+    seed, p = spec.dropout
+    threshold = round(p * 65536)
+    return dict(seed=seed, drop_t=threshold, drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
 
 
 def _pow2(n: int) -> int:
@@ -515,7 +564,7 @@ class _TritonAttention(torch.autograd.Function):
             heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
             D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
             CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-            num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages, **_dropout_args(spec),
         )
         ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends)
         ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
@@ -531,7 +580,8 @@ class _TritonAttention(torch.autograd.Function):
         n_vals = padded.shape[1] - 2 * PAD
         blocks = _blocks(dim, q.device)
         common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
-                      FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q))
+                      FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q),
+                      **_dropout_args(spec))
         t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
         vals = padded[:, PAD:]
 

@@ -366,10 +366,10 @@ def select_backend(
     """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
 
     Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: on a CUDA GPU,
-    a per-offset bias (frozen or learnable, with causal, padding, grouped heads) past 2**21 scores
-    and without dropout: ``triton`` (the position term computed inside each tile; needs triton).
-    A dense bias, or a mask that is not key padding: ``sdpa`` with a dense mask. Dropout: ``fused``
-    on CPU, ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU
+    a per-offset bias (frozen or learnable, with causal, padding, grouped heads, dropout) past 2**21
+    scores: ``triton`` (the position term computed inside each tile; needs triton).
+    A dense bias, or a mask that is not key padding: ``sdpa`` with a dense mask. Other dropout:
+    ``fused`` on CPU, ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU
     without triton (both train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on
     tiles with a zero-copy view. ``eager`` is the reference, never auto.
     """
@@ -557,8 +557,6 @@ def _triton_unavailable(call: _Call) -> str | None:
     q = call.query
     if call.dense_reason:
         return f"the kernel reads a per-offset bias and key ranges; {call.dense_reason}"
-    if call.dropout_p:
-        return "the Triton kernel draws no dropout mask (sdpa's kernels do)"
     if torch.compiler.is_compiling():
         return "under torch.compile relpos keeps to paths the compiler traces (sdpa, flex)"
     if importlib.util.find_spec("triton") is None:
@@ -587,7 +585,8 @@ def _triton_spec(call: _Call):
         else:
             kind, flat = BIAS_OFFSETS, (None if bias.flat is None else bias.flat_indices())
     deterministic = torch.are_deterministic_algorithms_enabled()  # the bias gradient's sum in a fixed order
-    return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic)
+    dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None  # one seed per call, as the fused path
+    return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic, dropout)
 
 
 def _triton(call: _Call) -> torch.Tensor:
