@@ -373,15 +373,28 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     from relpos.hf.bench import main
 
     out = tmp_path / "t5.json"
-    assert main(["--lengths", "64", "--batches", "2", "--modes", "forward,train,generate,layer", "--rounds", "1",
+    modes = ("forward", "train", "generate", "generate_static", "layer")
+    assert main(["--lengths", "64", "--batches", "2", "--modes", ",".join(modes), "--rounds", "1",
                  "--json", str(out), "--markdown", str(tmp_path / "t5.md")]) == 0
     import json as _json
 
     results = _json.loads(out.read_text())["results"]
     assert {(r["mode"], r["variant"]) for r in results} == {
-        (m, v) for m in ("forward", "train", "generate", "layer") for v in ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
+        (m, v) for m in modes for v in ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
     }
-    assert all(r["ms"] > 0 for r in results) and "### generate" in (tmp_path / "t5.md").read_text()
+    tables = (tmp_path / "t5.md").read_text()
+    assert all(r["ms"] > 0 for r in results) and "### generate" in tables and "### generate_static" in tables
+
+
+def test_model_benchmark_refuses_static_generation_for_a_family_without_it(tmp_path, capsys):
+    """transformers' MPT has no static-cache generation: the benchmark refuses the mode before any work."""
+    from relpos.hf.bench import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--family", "mpt", "--modes", "generate_static", "--json", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and not (tmp_path / "x.json").exists()
+    assert "generate_static needs a family" in err and "(t5, umt5, bloom)" in err and "'mpt'" in err
 
 
 def test_an_unfitting_transformers_is_refused_with_its_version(monkeypatch):

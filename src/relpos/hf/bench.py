@@ -44,7 +44,9 @@ from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown", "report_markdown"]
 
-MODES = ("forward", "train", "generate", "layer")
+MODES = ("forward", "train", "generate", "generate_static", "layer")
+DEFAULT_MODES = ("forward", "train", "generate", "layer")
+GENERATING = ("generate", "generate_static")  # modes that build the generating model (an LM head)
 VARIANTS = ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
 HF_VARIANTS = ("hf_eager", "hf_sdpa")
 FLOOR = "relpos_no_bias_floor"
@@ -56,7 +58,7 @@ class ModelBenchConfig:
     family: str = "t5"
     lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
     batches: tuple[int, ...] = (1, 2, 4)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     rounds: int = 3
     d_model: int = 256
     heads: int = 8
@@ -81,7 +83,8 @@ class Builder:
     mask, config)``: the keyword arguments of ``generate`` where they are not ``input_ids`` and
     ``attention_mask`` (Pop2Piano's audio features, Pix2Struct's image patches); ``floor``:
     False where swapping the attention function would not remove the bias (LongT5's encoder attention does not
-    go through transformers' attention interface).
+    go through transformers' attention interface); ``static_cache``: transformers' own model generates with
+    ``cache_implementation="static"`` (mode ``generate_static``; tested for these, tests/hf/test_hf*static_cache.py).
     """
 
     build: Callable
@@ -91,6 +94,7 @@ class Builder:
     extra: Callable | None = None
     generate_inputs: Callable | None = None
     floor: bool = True
+    static_cache: bool = False
 
 
 def _floor_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -134,7 +138,7 @@ def _seq2seq(config_name: str, encoder_name: str, generator_name: str, **extra):
     def build(mode: str, config: ModelBenchConfig):
         import transformers
 
-        model_class = getattr(transformers, generator_name if mode == "generate" else encoder_name)
+        model_class = getattr(transformers, generator_name if mode in GENERATING else encoder_name)
         return model_class(_t5_config(getattr(transformers, config_name), config, mode, **extra))
 
     return build
@@ -147,7 +151,7 @@ def _decoder(config_name: str, base_name: str, lm_name: str, fields: Callable):
         layers = 1 if mode == "layer" else config.layers
         settings = fields(config.d_model, config.heads, layers)
         model_config = getattr(transformers, config_name)(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **settings)
-        return getattr(transformers, lm_name if mode == "generate" else base_name)(model_config)
+        return getattr(transformers, lm_name if mode in GENERATING else base_name)(model_config)
 
     return build
 
@@ -165,7 +169,7 @@ def _pix2struct(mode: str, config: ModelBenchConfig):
     )
     vision = dict(hidden_size=d, num_attention_heads=h, num_hidden_layers=1, d_ff=2 * d, d_kv=d // h)
     full = transformers.Pix2StructForConditionalGeneration(transformers.Pix2StructConfig(text_config=text, vision_config=vision))
-    return full if mode == "generate" else full.decoder  # the decoder alone: a Pix2StructTextModel
+    return full if mode in GENERATING else full.decoder  # the decoder alone: a Pix2StructTextModel
 
 
 def _pix2struct_generate(ids, mask, config: ModelBenchConfig) -> dict:
@@ -183,7 +187,7 @@ def _pop2piano(mode: str, config: ModelBenchConfig):
     from audio features (composer tokens at the top of the vocabulary, as the checkpoint's generation config)."""
     model = _seq2seq("Pop2PianoConfig", "Pop2PianoForConditionalGeneration", "Pop2PianoForConditionalGeneration")(
         mode, config)
-    if mode != "generate":
+    if mode not in GENERATING:
         return model.get_encoder()
     composers = model.config.composer_vocab_size  # transformers wants one token per composer
     model.generation_config.composer_to_feature_token = {f"composer{i + 1}": VOCAB - composers + i for i in range(composers)}
@@ -205,10 +209,11 @@ def _udop_boxes(batch: int, length: int) -> dict:
 
 #: family -> how to build its small model; the --family choices
 BUILDERS: dict[str, Builder] = {
-    "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration")),
-    "umt5": Builder(_seq2seq("UMT5Config", "UMT5EncoderModel", "UMT5ForConditionalGeneration")),  # a table per layer
+    "t5": Builder(_seq2seq("T5Config", "T5EncoderModel", "T5ForConditionalGeneration"), static_cache=True),
+    "umt5": Builder(_seq2seq("UMT5Config", "UMT5EncoderModel", "UMT5ForConditionalGeneration"),  # a table per layer
+                    static_cache=True),
     "bloom": Builder(_decoder("BloomConfig", "BloomModel", "BloomForCausalLM", lambda d, h, n: dict(
-        hidden_size=d, n_head=h, n_layer=n)), decoder_only=True, sdpa=False, alibi=True),
+        hidden_size=d, n_head=h, n_layer=n)), decoder_only=True, sdpa=False, alibi=True, static_cache=True),
     "mpt": Builder(_decoder("MptConfig", "MptModel", "MptForCausalLM", lambda d, h, n: dict(
         d_model=d, n_heads=h, n_layers=n, max_seq_len=8192)), decoder_only=True, sdpa=False, alibi=True),
     "falcon": Builder(_decoder("FalconConfig", "FalconModel", "FalconForCausalLM", lambda d, h, n: dict(
@@ -277,11 +282,12 @@ def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool):
             model.zero_grad(set_to_none=True)
             _output(model(**kwargs)).sum().backward()
 
-    elif mode == "generate":
+    elif mode in GENERATING:
+        static = {"cache_implementation": "static"} if mode == "generate_static" else {}  # compiled on CUDA by generate()
 
         def run():
             with torch.no_grad():
-                model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+                model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **static)
 
     else:
 
@@ -322,8 +328,12 @@ def run_model_bench(config: ModelBenchConfig, on_point: Callable[[dict], None] |
 
     import relpos
 
-    fixed = fix_mmap_threshold() if not config.cuda else None
     builder = BUILDERS[config.family]
+    if "generate_static" in config.modes and not builder.static_cache:
+        static = ", ".join(name for name, b in BUILDERS.items() if b.static_cache)
+        raise ValueError(f"modes: generate_static needs a family whose transformers model generates with a static cache "
+                         f"({static}), got family {config.family!r}; drop generate_static from the modes")
+    fixed = fix_mmap_threshold() if not config.cuda else None
     names = _variant_names(builder)
     modes = list(config.modes)
     refused = _refusal(config)
@@ -343,13 +353,13 @@ def run_model_bench(config: ModelBenchConfig, on_point: Callable[[dict], None] |
     }
     for mode in modes if refused is None else ():
         models = _models(config, mode)
-        left = builder.decoder_only and mode == "generate"
+        left = builder.decoder_only and mode in GENERATING
         for batch in config.batches:
             for length in config.lengths:
                 ids, mask = _inputs(batch, length, left, config.device)
                 extra = {k: v.to(config.device) for k, v in (builder.extra(batch, length) if builder.extra else {}).items()}
                 kwargs = {"input_ids": ids, "attention_mask": mask, **extra}
-                if mode == "generate" and builder.generate_inputs is not None:
+                if mode in GENERATING and builder.generate_inputs is not None:
                     kwargs = builder.generate_inputs(ids, mask, config)
                 variants = {}
                 for name, model in models.items():
@@ -412,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="layers (default 2)")
     parser.add_argument("--lengths", default="512,1024,2048,4096", help="comma-separated sequence lengths")
     parser.add_argument("--batches", default="1,2,4", help="comma-separated batch sizes")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, among {', '.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated, among {', '.join(MODES)} (default: all but generate_static)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (median)")
     add_device_arguments(parser)
     parser.add_argument("--json", help="write the full report here")
@@ -430,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
         **device,
     )
-    report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
+    try:
+        report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
+    except ValueError as exc:  # refused before any work (a mode the family's transformers model lacks)
+        parser.error(str(exc))
     print(_save(report, args.json, args.markdown))
     return 0
 

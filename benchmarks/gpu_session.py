@@ -1,0 +1,116 @@
+"""One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
+
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only tests,kernel,t5,bloom,mpt] [--budget 540]
+
+GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
+its own time limit and never past ``--budget`` seconds in all; a step that fails or runs out of time
+is recorded and the next one starts. ``OUT/session.json`` says, per step, the command, its exit
+status, its seconds and its log file (``OUT/<step>.log``); it is rewritten after every step, so a
+session cut short keeps what it finished. The benchmarks write their own JSON and tables into OUT;
+commit them with ``tools/bench_tables.py`` (docs/benchmarks/gpu/index.md says where each one goes).
+
+Steps:
+
+* ``tests``: ``pytest -m gpu`` (the Triton kernel at real sizes, dropout included; the models on CUDA);
+* ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes,
+  FlexAttention, the FlashBias fold; the dropout training step);
+* ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
+  (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+STEPS = {  # name -> (seconds at most, command); run in this order
+    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
+    "kernel": (240, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
+                     "--lengths", "4096,16384"]),
+    "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
+                 "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
+                 "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
+                 "--json", "{out}/t5.json", "--markdown", "{out}/t5.md"]),
+    "bloom": (90, [sys.executable, "benchmarks/t5_model.py", "--family", "bloom", "--lengths", "2048", "--batches", "2",
+                   "--modes", "forward,train,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
+                   "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
+                   "--json", "{out}/bloom.json", "--markdown", "{out}/bloom.md"]),
+    "mpt": (90, [sys.executable, "benchmarks/t5_model.py", "--family", "mpt", "--lengths", "2048", "--batches", "2",
+                 "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
+                 "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
+                 "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
+}
+
+
+def write_json(path: str, payload: dict) -> None:
+    """Atomically: a temporary file in the same folder, then renamed over ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as fh:
+        json.dump(payload, fh, indent=1)
+    os.replace(fh.name, path)
+
+
+def run_step(name: str, limit: float, command: list[str], out: str) -> dict:
+    """Run one step with its output in OUT/<name>.log (and echoed as plain lines); its record."""
+    log_path = os.path.join(out, f"{name}.log")
+    started = time.time()
+    print(f"[gpu_session] {time.strftime('%H:%M:%S')} {name}: {' '.join(command)} (at most {limit:.0f} s)", flush=True)
+    with open(log_path, "w") as log:
+        try:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=_environment())
+            status = done.returncode
+        except subprocess.TimeoutExpired:
+            status = "timed out"
+    seconds = round(time.time() - started, 1)
+    with open(log_path) as log:
+        tail = log.read()[-600:]
+    print(f"[gpu_session] {name}: status {status} after {seconds} s\n{tail}", flush=True)
+    return {"command": " ".join(command), "status": status, "seconds": seconds, "log": f"{name}.log"}
+
+
+def _environment() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", "tests", env.get("PYTHONPATH", "")]))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for every result and log (created)")
+    parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps, among {', '.join(STEPS)}")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for all steps together (default 540)")
+    args = parser.parse_args(argv)
+    wanted = [s for s in args.only.split(",") if s]
+    unknown = sorted(set(wanted) - set(STEPS))
+    if unknown:
+        parser.error(f"--only must name steps among {', '.join(STEPS)}; got {', '.join(unknown)}")
+    if args.budget <= 0:
+        parser.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+
+    session = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device",
+               "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}}
+    deadline = time.time() + args.budget
+    for name in (s for s in STEPS if s in wanted):
+        limit, template = STEPS[name]
+        left = deadline - time.time()
+        if left < 20:
+            session["steps"][name] = {"status": "not run: the budget was spent", "seconds": 0}
+            continue
+        command = [part.format(out=args.out) for part in template]
+        session["steps"][name] = run_step(name, min(limit, left), command, args.out)
+        write_json(os.path.join(args.out, "session.json"), session)
+    write_json(os.path.join(args.out, "session.json"), session)
+    failed = [n for n, s in session["steps"].items() if s["status"] != 0]
+    print(f"[gpu_session] done; steps not passed: {', '.join(failed) or 'none'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""benchmarks/gpu_session.py: the one command a lent GPU runs. Without a GPU its bookkeeping is checked with
+stand-in steps: each step's status, time and log in session.json (rewritten after every step), a failing or
+timed-out step does not stop the next, the budget is honoured, bad options are refused before any work."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_session  # noqa: E402
+
+
+def stand_ins(monkeypatch):
+    monkeypatch.setattr(gpu_session, "STEPS", {
+        "ok": (30, [sys.executable, "-c", "print('step ran')"]),
+        "fails": (30, [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]),
+        "slow": (1, [sys.executable, "-c", "import time; time.sleep(30)"]),
+        "writes": (30, [sys.executable, "-c", "import sys; open(sys.argv[1] + '/x.json', 'w').write('1')", "{out}"]),
+    })
+
+
+def test_every_step_is_recorded_and_a_failure_does_not_stop_the_next(tmp_path, monkeypatch, capsys):
+    stand_ins(monkeypatch)
+    assert gpu_session.main(["--out", str(tmp_path)]) == 1
+    session = json.loads((tmp_path / "session.json").read_text())
+    steps = session["steps"]
+    assert [steps[n]["status"] for n in ("ok", "fails", "slow", "writes")] == [0, 3, "timed out", 0]
+    assert "step ran" in (tmp_path / "ok.log").read_text() and "boom" in (tmp_path / "fails.log").read_text()
+    assert (tmp_path / "x.json").exists()  # {out} filled in
+    assert 1 <= steps["slow"]["seconds"] < 20
+    out = capsys.readouterr().out
+    assert "[gpu_session]" in out and "steps not passed: fails, slow" in out
+
+
+def test_only_and_the_budget(tmp_path, monkeypatch):
+    stand_ins(monkeypatch)
+    assert gpu_session.main(["--out", str(tmp_path), "--only", "ok"]) == 0
+    assert list(json.loads((tmp_path / "session.json").read_text())["steps"]) == ["ok"]
+    assert gpu_session.main(["--out", str(tmp_path / "b"), "--only", "ok,writes", "--budget", "5"]) == 1
+    steps = json.loads((tmp_path / "b" / "session.json").read_text())["steps"]
+    assert all(s["status"] == "not run: the budget was spent" for s in steps.values())  # under 20 s left: none starts
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--only", "tests,bogus"], "--only must name steps among"),
+    (["--budget", "0"], "--budget must be a positive number of seconds, got 0.0"),
+])
+def test_bad_options_are_refused_before_any_work(tmp_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_session.main(["--out", str(tmp_path / "o"), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_real_steps_name_scripts_and_options_that_exist():
+    """Each step's command parses with its script's own parser (no GPU needed to catch a stale option)."""
+    from relpos.hf import bench
+
+    for name, (_, command) in gpu_session.STEPS.items():
+        if command[1] == "benchmarks/t5_model.py":
+            args = [part.format(out="/tmp/o").replace("cuda", "cpu") for part in command[2:]]  # no GPU here
+            parser_error = []
+            real_error = bench.argparse.ArgumentParser.error
+
+            def record(self, message, real_error=real_error):
+                parser_error.append(message)
+                real_error(self, message)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(bench.argparse.ArgumentParser, "error", record)
+                patch.setattr(bench, "run_model_bench", lambda config, on_point=None: (_ for _ in ()).throw(KeyboardInterrupt))
+                with pytest.raises(KeyboardInterrupt):  # parsed and validated, stopped before the work
+                    bench.main(args)
+            assert not parser_error, (name, parser_error)
+        else:
+            assert (ROOT / command[1]).exists() or command[1] == "-m", name
