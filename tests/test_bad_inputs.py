@@ -108,6 +108,9 @@ def test_older_swin_state_dicts_with_the_index_load():
 
 @pytest.mark.parametrize("name,call,error,phrase", [
     ("dense bias of another shape", lambda: attention(Q, Q, Q, bias=torch.zeros(3, 5, 5)), ValueError, "bias of shape (3, 5, 5) does not broadcast"),
+    ("dense bias with permuted dimensions", lambda: attention(Q, Q[:, :, :3], Q[:, :, :3], bias=torch.zeros(2, 5, 4, 3)), ValueError,
+     "bias of shape (2, 5, 4, 3) does not broadcast to (B, H, Lq, Lk) = (2, 4, 5, 3); its dimensions look permuted: "
+     "bias.permute(0, 2, 1, 3) has the shape relpos takes"),
     ("integer dense bias", lambda: attention(Q, Q, Q, bias=torch.zeros(1, 4, 5, 5, dtype=torch.long)), TypeError, "must be floating"),
     ("boolean dense bias", lambda: attention(Q, Q, Q, bias=torch.ones(1, 4, 5, 5, dtype=torch.bool)), TypeError, "belongs in attn_mask"),
     ("bias on another device", lambda: attention(Q, Q, Q, bias=torch.zeros(1, 4, 5, 5, device="meta")), ValueError, "bias is on meta but the query is on cpu"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import textwrap
 from typing import Sequence
 
@@ -48,10 +49,20 @@ class CommandParser(argparse.ArgumentParser):
         return self._commands
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
+        args = sys.argv[1:] if args is None else list(args)
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            self._command(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+            self._owner(parsed, args, extras).error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+    def _owner(self, parsed: argparse.Namespace, args: list[str], extras: list[str]) -> argparse.ArgumentParser:
+        """The parser an unknown option belongs to: the subcommand's, unless it came before the subcommand's name
+        (``relpos --misspelled buckets``: the top-level usage)."""
+        command = self._command(parsed)
+        name = command.prog.rsplit(" ", 1)[-1]
+        if command is not self and name in args and args.index(extras[0]) < args.index(name):
+            return self
+        return command
 
     def _command(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
         """The parser of the subcommand ``parsed`` names (this parser when there is none)."""

@@ -174,6 +174,14 @@ def test_a_misspelled_option_reports_the_subcommands_usage(command, capsys):
     assert f"relpos {command}: error: unrecognized arguments: --misspelled" in err
 
 
+def test_a_misspelled_option_before_the_subcommand_reports_the_top_level_usage(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--misspelled", "buckets"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: relpos ") and not err.startswith("usage: relpos buckets")
+    assert "relpos: error: unrecognized arguments: --misspelled" in err
+
+
 @pytest.mark.parametrize("argv,prog", [(["--misspelled"], "relpos extrapolate"), (["tasks", "--misspelled"], "relpos tasks")])
 def test_python_m_experiment_misspelled_option(argv, prog, capsys):
     from relpos.experiment import cli as experiment

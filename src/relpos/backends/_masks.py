@@ -12,6 +12,7 @@ Key padding: a mask that only hides keys, the same for every query row (``(B, 1,
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,20 @@ __all__ = ["KeyRanges", "check_attn_mask", "check_key_mask", "fold_key_mask", "k
 def _check_device(name: str, tensor: torch.Tensor, device: torch.device | None) -> None:
     if device is not None and tensor.device != device:
         raise ValueError(f"{name} is on {tensor.device} but the query is on {device}; move it with .to(query.device)")
+
+
+def _permuted_hint(got: tuple[int, ...], shape: tuple[int, int, int, int], name: str) -> str:
+    """A hint when ``got`` is ``shape`` with its dimensions in another order (a (B, Lq, H, Lk) tensor).
+
+    >>> _permuted_hint((2, 10, 4, 12), (2, 4, 10, 12), "bias")
+    '; its dimensions look permuted: bias.permute(0, 2, 1, 3) has the shape relpos takes'
+    """
+    if len(got) != 4 or got == shape or sorted(got) != sorted(shape):
+        return ""
+    for order in itertools.permutations(range(4)):
+        if tuple(got[d] for d in order) == shape:
+            return f"; its dimensions look permuted: {name}.permute{order} has the shape relpos takes"
+    return ""
 
 
 def check_attn_mask(
@@ -46,7 +61,7 @@ def check_attn_mask(
         if torch.broadcast_shapes(attn_mask.shape, shape) != torch.Size(shape):
             raise RuntimeError
     except RuntimeError:
-        hint = ""
+        hint = _permuted_hint(tuple(attn_mask.shape), shape, name)
         if attn_mask.dim() == 2 and attn_mask.shape == (shape[0], shape[3]):
             hint = "; a 2-D attn_mask is (Lq, Lk) as in SDPA: pass a (B, Lk) key padding mask as key_mask="
         raise ValueError(
