@@ -226,6 +226,22 @@ def test_bloom_padding_with_holes_counts_positions_as_bloom():
     compare_training(reference, accelerated, ids, mask, labels)
 
 
+@pytest.mark.parametrize("family", ["bloom", "falcon"])
+def test_the_per_key_channel_padded_to_a_head_dim_multiple_is_exact(family, monkeypatch):
+    """On CUDA the extra per-key channel is padded with zeros to a head dimension of a multiple of 8 (SDPA's fused
+    kernels want one); forced here on the CPU: logits, loss and every gradient still equal transformers'."""
+    monkeypatch.setitem(hf_alibi.CHANNEL_MULTIPLE, "cpu", 8)
+    widths = []
+    real = hf_alibi.attention
+    monkeypatch.setattr(hf_alibi, "attention", lambda q, k, v, **kw: widths.append(q.shape[-1]) or real(q, k, v, **kw))
+    reference, accelerated = pair(family)
+    ids, mask, labels = batch()
+    mask[2, 10:14] = 0  # Bloom: holes take the per-key path
+    labels[2, 10:14] = -100
+    compare_training(reference, accelerated, ids, mask, labels)
+    assert widths and set(widths) == {16}  # head dim 8 + the channel + 7 zeros
+
+
 def test_falcon_alibi_past_position_256_is_falcons_bfloat16_rounding():
     """Falcon rounds slope * position to bfloat16: past 256 it is no function of the offset; the result still matches."""
     reference, accelerated = pair("falcon")

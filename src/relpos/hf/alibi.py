@@ -224,23 +224,32 @@ def keys_of_cache(per_key: torch.Tensor, key_length: int) -> torch.Tensor:
     return nn.functional.pad(per_key, (0, missing)) if missing > 0 else per_key  # (B, H, Lk)
 
 
+#: head dimensions SDPA's fused kernels take, per device: on CUDA its flash, memory-efficient and cuDNN kernels
+#: want a multiple of 8 and send any other to the math kernel, which holds (B, H, Lq, Lk) scores
+CHANNEL_MULTIPLE = {"cuda": 8}
+
+
 def per_key_channel(query, key, value, per_key: torch.Tensor):
     """Fold an additive per-key term into one extra channel: ``[q, 1] . [k, b_j] = q . k + b_j``.
 
     ``per_key`` is ``(B, H, Lk)``, added to ``q . k`` *before* the logit scale. Key and value heads
     are repeated to the query's ``H`` (the term is per query head); the value gets a zero channel so
-    that query, key and value share one head dimension (CPU SDPA's fused kernel wants that).
-    Returns ``(q, k, v)`` with ``d + 1`` channels; drop the output's last channel.
+    that query, key and value share one head dimension (CPU SDPA's fused kernel wants that). On a
+    device in :data:`CHANNEL_MULTIPLE` zero channels pad the head dimension to its multiple.
+    Returns ``(q, k, v)`` with ``d + 1`` channels or more; keep the output's first ``d``.
     """
-    heads = query.shape[1]
+    heads, dim = query.shape[1], query.shape[-1]
+    multiple = CHANNEL_MULTIPLE.get(query.device.type, 1)
+    zeros = -(-(dim + 1) // multiple) * multiple - dim - 1  # padding channels after the extra one
     per_key = keys_of_cache(per_key, key.shape[2])  # (B, H, Lk)
     if key.shape[1] != heads:
         key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
         value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (B, H, Lk, d)
-    ones = query.new_ones(*query.shape[:3], 1)  # (B, H, Lq, 1)
-    query = torch.cat([query, ones], dim=-1)  # (B, H, Lq, d + 1)
-    key = torch.cat([key, per_key.to(key.dtype)[..., None]], dim=-1)  # (B, H, Lk, d + 1)
-    value = torch.cat([value, value.new_zeros(*value.shape[:3], 1)], dim=-1)  # (B, H, Lk, d + 1)
+    ones = nn.functional.pad(query.new_ones(*query.shape[:3], 1), (0, zeros))  # (B, H, Lq, 1 + zeros)
+    query = torch.cat([query, ones], dim=-1)  # (B, H, Lq, d + 1 + zeros)
+    per_key = nn.functional.pad(per_key.to(key.dtype)[..., None], (0, zeros))  # (B, H, Lk, 1 + zeros)
+    key = torch.cat([key, per_key], dim=-1)  # (B, H, Lk, d + 1 + zeros)
+    value = nn.functional.pad(value, (0, 1 + zeros))  # (B, H, Lk, d + 1 + zeros)
     return query, key, value
 
 
