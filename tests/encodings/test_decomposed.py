@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import relpos.encodings.decomposed as decomposed
+from relpos.backends import _head_dim as head_dim
 from relpos.encodings.decomposed import (
     DecomposedRelPos,
     decomposed_attention,
@@ -84,9 +85,19 @@ BLOCKS = {  # N -> (_FORWARD_ROWS, _FORWARD_ELEMENTS): how the tiles cut a (B=2,
 }
 
 
-@pytest.mark.parametrize("impl,blocks", [("tiles", "rows"), ("tiles", "examples"), ("tiles", "batch"), ("fold", "rows")])
+@pytest.mark.parametrize("impl,blocks", [("tiles", "rows"), ("tiles", "examples"), ("tiles", "batch"), ("fold", "rows"),
+                                         ("fold_padded", "rows"), ("tiles_padded", "rows")])
 @pytest.mark.parametrize("grid", [(5, 6), (3, 3)])
 def test_paths_equal_reference_with_gradients(impl, blocks, grid, monkeypatch):
+    """Each path against the dense reference; ``_padded``: the fold's head dim padded with zero channels to a
+    multiple of 8, as on CUDA, forced here on the CPU."""
+    if impl.endswith("_padded"):
+        impl = impl.removesuffix("_padded")
+        monkeypatch.setitem(head_dim.MULTIPLE, "cpu", 8)
+        widths = []
+        real = decomposed._fold_inputs
+        monkeypatch.setattr(decomposed, "_fold_inputs", lambda *a: (lambda r: widths.append(r[0].shape[-1]) or r)(real(*a)))
+        assert head_dim.fused_head_dim(8 + grid[0] + grid[1], torch.device("cpu")) % 8 == 0
     n = grid[0] * grid[1]
     rows, elements = BLOCKS[blocks](n)
     monkeypatch.setattr(decomposed, "_FORWARD_ROWS", rows)
@@ -101,6 +112,8 @@ def test_paths_equal_reference_with_gradients(impl, blocks, grid, monkeypatch):
         out = decomposed_attention(q, k, v, rel_h, rel_w, impl=name)
         results[name] = (out, torch.autograd.grad(_weighted_sum(out), leaves))
     (ref, ref_grads), (ours, our_grads) = results["reference"], results[impl]
+    if head_dim.MULTIPLE.get("cpu"):
+        assert widths and all(w % 8 == 0 for w in widths)  # the padded fold ran (forward or backward)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
     for got, want in zip(our_grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

@@ -22,6 +22,7 @@ from transformers.models.bloom import modeling_bloom  # noqa: E402
 from transformers.models.falcon import modeling_falcon  # noqa: E402
 from transformers.models.mpt import modeling_mpt  # noqa: E402
 
+from relpos.backends import _head_dim as head_dim  # noqa: E402
 from relpos.backends import dispatch as relpos_attention
 
 VOCAB = hf_checks.ALIBI_VOCAB
@@ -230,7 +231,7 @@ def test_bloom_padding_with_holes_counts_positions_as_bloom():
 def test_the_per_key_channel_padded_to_a_head_dim_multiple_is_exact(family, monkeypatch):
     """On CUDA the extra per-key channel is padded with zeros to a head dimension of a multiple of 8 (SDPA's fused
     kernels want one); forced here on the CPU: logits, loss and every gradient still equal transformers'."""
-    monkeypatch.setitem(hf_alibi.CHANNEL_MULTIPLE, "cpu", 8)
+    monkeypatch.setitem(head_dim.MULTIPLE, "cpu", 8)
     widths = []
     real = hf_alibi.attention
     monkeypatch.setattr(hf_alibi, "attention", lambda q, k, v, **kw: widths.append(q.shape[-1]) or real(q, k, v, **kw))

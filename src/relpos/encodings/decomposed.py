@@ -21,7 +21,8 @@ the same attention (the ``impl`` switch of :func:`decomposed_attention`):
 * ``"fold"`` (any device): ``[q * s, rel_h, rel_w] . [k, onehot(key row), onehot(key column)]``
   equals ``q . k * s + bias``, so one SDPA call with a head dim of ``d + Kh + Kw`` (the value
   zero-padded to it so CPU SDPA keeps its flash kernel); gradients by SDPA's own backward. On a
-  GPU, ``64 + 64 + 64 <= 256`` fits the flash kernels.
+  GPU, ``64 + 64 + 64 <= 256`` fits the flash kernels, and zero channels pad the head dimension to a
+  multiple of 8 (a window of 14: 64 + 28 = 92 becomes 96), which they need.
 * ``"reference"``: the dense bias and an eager softmax, the readable definition the others are
   tested against.
 """
@@ -36,6 +37,7 @@ from torch import nn
 
 from .._checks import check_choice, check_grid, check_int, check_probability, check_scale, check_tensor
 from ..backends._fused import accumulate_dtype, fused_available
+from ..backends._head_dim import fused_head_dim
 
 __all__ = [
     "DecomposedRelPos",
@@ -153,9 +155,11 @@ def _fold_inputs(query, key, value, rel_h, rel_w, scale: float):
     kh, kw = rel_h.shape[-1], rel_w.shape[-1]
     rows = torch.arange(kh * kw, device=key.device)
     onehot = torch.cat([F.one_hot(rows // kw, kh), F.one_hot(rows % kw, kw)], -1).to(key.dtype)  # (K, Kh + Kw)
-    q_fold = torch.cat([query * scale, rel_h.to(query.dtype), rel_w.to(query.dtype)], -1)  # (B, H, N, D = d + Kh + Kw)
-    k_fold = torch.cat([key, onehot.expand(*key.shape[:-1], -1)], -1)  # (B, H, K, D)
-    v_fold = F.pad(value, (0, q_fold.shape[-1] - value.shape[-1]))  # (B, H, K, D): CPU SDPA keeps its flash kernel
+    q_fold = torch.cat([query * scale, rel_h.to(query.dtype), rel_w.to(query.dtype)], -1)  # (B, H, N, d + Kh + Kw)
+    k_fold = torch.cat([key, onehot.expand(*key.shape[:-1], -1)], -1)  # (B, H, K, d + Kh + Kw)
+    width = fused_head_dim(q_fold.shape[-1], query.device)  # D: a multiple of 8 on CUDA (SDPA's fused kernels)
+    q_fold, k_fold = F.pad(q_fold, (0, width - q_fold.shape[-1])), F.pad(k_fold, (0, width - k_fold.shape[-1]))
+    v_fold = F.pad(value, (0, width - value.shape[-1]))  # (B, H, K, D): CPU SDPA keeps its flash kernel
     return q_fold, k_fold, v_fold
 
 
@@ -202,13 +206,13 @@ class _TiledDecomposed(torch.autograd.Function):
     def backward(ctx, grad_out):
         # The fold's gradients by SDPA's CPU flash backward: the fold has the same output and logsumexp.
         q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
-        (d, dv), kh = (q.shape[-1], v.shape[-1]), rel_h.shape[-1]
+        (d, dv), (kh, kw) = (q.shape[-1], v.shape[-1]), (rel_h.shape[-1], rel_w.shape[-1])
         q_fold, k_fold, v_fold = _fold_inputs(q, k, v, rel_h, rel_w, ctx.scale)  # (B, H, ., D)
         pad = (0, q_fold.shape[-1] - dv)
         dq, dk, dvf = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             F.pad(grad_out, pad), q_fold, k_fold, v_fold, F.pad(out, pad), lse, 0.0, False, scale=1.0
         )  # (B, H, ., D) each
-        grads = (dq[..., :d] * ctx.scale, dk[..., :d], dvf[..., :dv], dq[..., d : d + kh], dq[..., d + kh :])
+        grads = (dq[..., :d] * ctx.scale, dk[..., :d], dvf[..., :dv], dq[..., d : d + kh], dq[..., d + kh : d + kh + kw])
         return (*(g.to(t.dtype) for g, t in zip(grads, (q, k, v, rel_h, rel_w))), None)
 
 

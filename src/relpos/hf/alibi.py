@@ -52,6 +52,7 @@ from torch import nn
 from .._checks import check_choice
 from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
+from ..backends._head_dim import fused_head_dim
 from ..backends.dispatch import attention
 from ._positioned import future_keys, positioned_offsets
 
@@ -224,23 +225,17 @@ def keys_of_cache(per_key: torch.Tensor, key_length: int) -> torch.Tensor:
     return nn.functional.pad(per_key, (0, missing)) if missing > 0 else per_key  # (B, H, Lk)
 
 
-#: head dimensions SDPA's fused kernels take, per device: on CUDA its flash, memory-efficient and cuDNN kernels
-#: want a multiple of 8 and send any other to the math kernel, which holds (B, H, Lq, Lk) scores
-CHANNEL_MULTIPLE = {"cuda": 8}
-
-
 def per_key_channel(query, key, value, per_key: torch.Tensor):
     """Fold an additive per-key term into one extra channel: ``[q, 1] . [k, b_j] = q . k + b_j``.
 
     ``per_key`` is ``(B, H, Lk)``, added to ``q . k`` *before* the logit scale. Key and value heads
     are repeated to the query's ``H`` (the term is per query head); the value gets a zero channel so
-    that query, key and value share one head dimension (CPU SDPA's fused kernel wants that). On a
-    device in :data:`CHANNEL_MULTIPLE` zero channels pad the head dimension to its multiple.
+    that query, key and value share one head dimension (CPU SDPA's fused kernel wants that). On CUDA
+    zero channels pad the head dimension to a multiple of 8 (:func:`relpos.backends._head_dim.fused_head_dim`).
     Returns ``(q, k, v)`` with ``d + 1`` channels or more; keep the output's first ``d``.
     """
     heads, dim = query.shape[1], query.shape[-1]
-    multiple = CHANNEL_MULTIPLE.get(query.device.type, 1)
-    zeros = -(-(dim + 1) // multiple) * multiple - dim - 1  # padding channels after the extra one
+    zeros = fused_head_dim(dim + 1, query.device) - dim - 1  # padding channels after the extra one
     per_key = keys_of_cache(per_key, key.shape[2])  # (B, H, Lk)
     if key.shape[1] != heads:
         key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (B, H, Lk, d)
