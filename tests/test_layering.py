@@ -92,3 +92,16 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     fake.write_text("def f():\n    from ..encodings.t5 import RelativePositionalBias\n")
     monkeypatch.setattr(__import__(__name__), "SRC", tmp_path / "relpos")
     assert upward_imports(fake) == ["relpos/backends/fake.py:2 (backends) imports relpos.encodings.t5 (encodings)"]
+
+
+def test_no_script_is_named_like_a_standard_module():
+    """A script runs with its folder first on sys.path, and inductor hands that path to its subprocesses: a
+    benchmarks/encodings.py shadowed Python's ``encodings`` there, its CPU-ISA probe failed, and compiling on
+    the CPU broke (CppCompileError) in any process that had put benchmarks/ on sys.path."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = [p for folder in ("benchmarks", "tools", "examples") for p in (root / folder).glob("*.py")]
+    assert scripts
+    assert not [str(p) for p in scripts if p.stem in sys.stdlib_module_names]

@@ -8,7 +8,7 @@ edit -->`` and closed by ``<!-- end generated -->`` (``relpos._io.generated_begi
 page's own. Each region is rendered by the function of the script that produced the JSON (the same function its
 ``--markdown`` writes with, so re-running a table's command rewrites the same region): ``relpos.hf.bench`` for the
 model tables, ``relpos.tools.bench`` (``relpos bench``) for the attention tables, and ``benchmarks/ring.py``,
-``swin.py``, ``sam.py``, ``encodings.py``, ``eager_paths.py``, ``bias_build.py`` and ``tools/gpu_kernel_report.py``.
+``swin.py``, ``sam.py``, ``encoding_timings.py``, ``eager_paths.py``, ``bias_build.py`` and ``tools/gpu_kernel_report.py``.
 The headline tables (``HEADLINES``: docs/benchmarks/index.md and each area's index.md) take each number from
 one table's JSON too. ``--check`` also fails on a region no spec renders and on a JSON under docs/benchmarks/ that
 no table is rendered from (``NOT_RENDERED`` lists the exceptions and why).
@@ -36,8 +36,8 @@ from relpos._io import generated_begin, generated_region, replace_generated  # n
 
 @functools.cache
 def script(path: str):
-    """A benchmark script (or tool) of this checkout as a module, by path (``benchmarks/encodings.py`` would
-    otherwise shadow the standard library's ``encodings``)."""
+    """A benchmark script (or tool) of this checkout as a module, by path: benchmarks/ and tools/ stay off
+    sys.path (a script named like a standard module would shadow it, as benchmarks/encodings.py once did)."""
     spec = importlib.util.spec_from_file_location("bench_tables_" + Path(path).stem, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name
@@ -79,7 +79,7 @@ def sam_table(mode: str) -> Callable[[dict], str]:
 
 
 def encodings_table(run: dict) -> str:
-    return script("benchmarks/encodings.py").markdown(run)
+    return script("benchmarks/encoding_timings.py").markdown(run)
 
 
 def eager_paths_table(records: list[dict]) -> str:

@@ -2,6 +2,7 @@
 stand-in steps: each step's status, time and log in session.json (rewritten after every step), a failing or
 timed-out step does not stop the next, the budget is honoured, bad options are refused before any work."""
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -9,9 +10,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu_session  # noqa: E402
+
+def _load(path: Path):
+    """The script as a module, without putting benchmarks/ on sys.path (tools/bench_tables.py does the same): a
+    module there whose name a standard module has would shadow it in every subprocess that inherits the path,
+    inductor's CPU-ISA probe among them (benchmarks/encodings.py did, and inductor then compiled no CPU kernel)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_session = _load(ROOT / "benchmarks" / "gpu_session.py")
 
 
 def stand_ins(monkeypatch):

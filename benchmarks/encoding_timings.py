@@ -7,7 +7,7 @@ median over rounds), so a slow phase of a shared machine hits every variant alik
 memory is measured in a fresh process per variant (``--memory``): the growth of the peak RSS
 over the process's size before the call.
 
-    python benchmarks/encodings.py --lengths 2048,4096 --rounds 5 --memory \
+    python benchmarks/encoding_timings.py --lengths 2048,4096 --rounds 5 --memory \
         --json docs/benchmarks/encodings/timings.json --markdown docs/benchmarks/encodings/timings.md
 
 ``--markdown`` into a page holding a region generated from the ``--json`` file replaces that region and keeps
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
                 print(f"memory L={length} {n}: {memory[f'{n}|{length}|forward']:.0f} / {memory[f'{n}|{length}|train']:.0f} MiB", flush=True)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
     words = [f"'{w}'" if " " in w or "|" in w else w for w in (argv if argv is not None else sys.argv[1:])]
-    command = f"{env} PYTHONPATH=src python benchmarks/encodings.py ".lstrip() + " ".join(words)
+    command = f"{env} PYTHONPATH=src python benchmarks/encoding_timings.py ".lstrip() + " ".join(words)
     run = {
         "title": args.title, "command": command, "lengths": lengths, "timings_ms": results, "peak_extra_mib": memory,
         "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
