@@ -340,3 +340,86 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case):
     assert len(got) == len(want_grads) >= 3
     for a, b in zip(got, want_grads):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["holes", "holes_and_an_empty_example", "alternate"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_masks_with_holes_are_applied_per_key(layout, causal):
+    """A key padding mask that is no run of kept keys (holes) goes to the kernel as a per-key -inf term on every
+    tile's scores (no dense (B, H, Lq, Lk) mask): outputs and the gradients of q, k, v and the table against fp64
+    autograd; a query row that sees no key gives 0 and no gradient."""
+    batch, length = 3, 37
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[0, 5:9] = False
+    keep[2, 20:] = False
+    if layout == "holes_and_an_empty_example":
+        keep[1] = False
+    elif layout == "alternate":
+        keep[1, ::2] = False
+    else:
+        keep[1, 30:33] = False
+    bias = BIASES["t5"]()
+    q, k, v = qkv(batch, length, length)
+    weights = torch.randn(batch, H, length, D, generator=torch.Generator().manual_seed(3))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = attend(*exact, bias_oracle(bias, length, length, grad=True), causal=causal, keep=keep)
+    (want * weights.double()).sum().backward()
+    want_grads = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.double()]
+    bias.zero_grad()
+    from relpos.backends.dispatch import _prepare, _triton_unavailable
+
+    call = _prepare(q, k, v, bias, causal, None, keep, 0.0, None, 0, backend="triton")
+    assert call.ranges is None and call.key_mask is keep and _triton_unavailable(call) is None  # the per-key route
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal, key_mask=keep.to(DEVICE), backend="triton")
+    (out * weights.to(DEVICE)).sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    got = [t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad]
+    for a, b in zip(got, want_grads):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    contiguous = keep.clone()
+    contiguous[0, 5:9] = True
+    contiguous[1] = True
+    with torch.no_grad():
+        assert (run(bias, q, k, v, causal=causal, key_mask=contiguous).cpu().double() - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_under_torch_compile_the_kernel_is_an_opaque_op_with_its_gradients(compiler):
+    """Under torch.compile (fullgraph) the kernels run as relpos's custom ops: a padding mask is a per-key term
+    (no data-dependent key ranges), outputs and the gradients of q, k, v and the table equal the eager kernel's;
+    another mask of the same shape runs the same graph (no recompilation)."""
+    bias = BIASES["t5"]()
+    q, k, v = qkv(2, 40, 40)
+    keep = torch.ones(2, 40, dtype=torch.bool)
+    keep[1, 29:] = False
+    keep[0, 3:6] = False  # a hole
+
+    def step(q, k, v, keep):
+        out = relpos.attention(q, k, v, bias=bias, causal=True, key_mask=keep, backend="triton")
+        return out.square().sum()
+
+    results = []
+    for run_step in (step, torch.compile(step, backend=compiler, fullgraph=True)):
+        bias.zero_grad()
+        leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+        loss = run_step(*leaves, keep.to(DEVICE))
+        loss.backward()
+        results.append([loss.detach()] + [t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad.clone()])
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording(gm, example_inputs):  # dynamo's graph, then the chosen compiler
+        graphs.append(str(gm.graph))
+        return torch._dynamo.lookup_backend(compiler)(gm, example_inputs)
+
+    compiled = torch.compile(step, backend=recording, fullgraph=True)
+    compiled(q, k, v, keep)
+    assert len(graphs) == 1 and "relpos.triton_attention_fwd" in graphs[0]  # one graph, the kernel inside it
+    with torch.compiler.set_stance("fail_on_recompile"):
+        other = keep.clone()
+        other[0] = True
+        torch.testing.assert_close(compiled(q, k, v, other), step(q, k, v, other), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()

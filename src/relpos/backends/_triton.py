@@ -12,7 +12,8 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
 * ``BIAS_CAUSAL_LINEAR`` / ``BIAS_SYMMETRIC_LINEAR``: ALiBi's closed forms ``m * min(j - i, 0)`` and
   ``-m * |j - i|`` from one slope per head;
 * causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
-  tiles they cut are masked;
+  tiles they cut are masked. A padding mask of any other pattern (holes) is a per-key term, ``-inf``
+  on hidden keys, added to every tile's scores (``KEYBIAS``);
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
   position (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the
   tiles; the drop probability is rounded to 2**-16 and kept weights scaled by ``1 / (1 - p')`` as
@@ -94,6 +95,13 @@ def _kept(seed, rng_base, rows, cols, Lk, threshold):
 
 
 @triton.jit
+def _key_terms(kb_row, offs_n, limit):
+    """(BN,) the per-key term of keys ``offs_n`` (log2 units; ``-inf`` hides a key: a padding mask of any
+    pattern), ``-inf`` past ``limit``."""
+    return tl.load(kb_row + offs_n, mask=offs_n < limit, other=float("-inf"))
+
+
+@triton.jit
 def _load_block(base, offs, stride, offs_d, limit, D: tl.constexpr, D_PAD: tl.constexpr, MASK: tl.constexpr):
     """(rows, D_PAD) block; bounds are checked only where a block can cross them."""
     ptrs = base + offs[:, None] * stride + offs_d[None, :]
@@ -141,14 +149,17 @@ def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FL
 @triton.jit
 def _fwd_step(
     acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, n0, lo, hi,
-    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
     s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    if KEYBIAS:
+        s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     if MASK:
         s = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))  # (BM,)
@@ -167,11 +178,11 @@ def _fwd_step(
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om, stride_vals,
+    stride_ob, stride_oh, stride_om, stride_vals, KB, stride_kbb, stride_kbh,
     H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
@@ -186,6 +197,7 @@ def _fwd_kernel(
     if MAIN >= 3:
         slope = tl.load(SLOPES + h)
     rng_base = pid_bh.to(tl.int64) * Lq * Lk  # dropout's counters of this (example, head)
+    kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -195,22 +207,22 @@ def _fwd_kernel(
         c_lo = tl.load(vals + t_lo - (Lq - 1))
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BN, PRECISION)
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(e1, e2, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, BN, PRECISION)
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BN, PRECISION)
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BN, PRECISION)
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
@@ -237,9 +249,10 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, lo, hi, Lq,
-    stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale,
+    stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     offs_m = m0 + tl.arange(0, BM)
     q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
@@ -252,6 +265,8 @@ def _dkdv_step(
         delta = tl.load(delta_row + offs_m)
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
     st = _logits(st, offs_m[None, :], offs_n[:, None], vals, c, slope, qk_scale, q_offset, KIND)
+    if KEYBIAS:
+        st = st + kb[:, None]
     pt = tl.math.exp2(st - lse[None, :])  # (BN, BM)
     if MASK:
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
@@ -271,11 +286,11 @@ def _dkdv_step(
 def _dkdv_kernel(
     Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_db, stride_dh, stride_dm, stride_vals,
+    stride_db, stride_dh, stride_dm, stride_vals, KB, stride_kbb, stride_kbh,
     H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dk, dv of one key block of one key/value head: every query head of its group, every query block.
 
@@ -320,35 +335,38 @@ def _dkdv_kernel(
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
         rng_base = (b * H + h).to(tl.int64) * Lq * Lk
+        kb = tl.zeros([BN], tl.float32)
+        if KEYBIAS:  # this key block's per-key terms for query head h
+            kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n, Lk)
         for m0 in range(m_start, u0, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
             c_hi = tl.load(vals + t_hi - (Lq - 1))
             for m0 in range(u0, f1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    seed, rng_base, Lk, drop_t, drop_scale,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BM, PRECISION)
+                                    seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(f1, f2, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
             c_lo = tl.load(vals + t_lo - (Lq - 1))
             for m0 in range(f2, u1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    seed, rng_base, Lk, drop_t, drop_scale,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, BM, PRECISION)
+                                    seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(u1, m_end, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, BM, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
     kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
@@ -372,9 +390,9 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
 @triton.jit
 def _dq_step(
     dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi, Lq, n_vals,
-    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, DIAGONALS: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dq += dS k for one key block; returns the tile's dS sum too (the gradient of a flat tile's one value)."""
@@ -383,6 +401,8 @@ def _dq_step(
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
     s = _logits(s, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    if KEYBIAS:
+        s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     p = tl.math.exp2(s - lse[:, None])
     if MASK:
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
@@ -408,11 +428,11 @@ def _dq_step(
 def _dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot,
+    stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot, KB, stride_kbb, stride_kbh,
     H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, seed, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dq of one query block, and its share of the per-offset values' gradient."""
@@ -430,6 +450,7 @@ def _dq_kernel(
     vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
     rng_base = pid_bh.to(tl.int64) * Lq * Lk
+    kb_row = KB + b * stride_kbb + h * stride_kbh
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h)
@@ -443,28 +464,32 @@ def _dq_kernel(
         for n0 in range(lo, e1, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
+                                PRECISION)
             lo_sum += part
     for n0 in range(e1, e2, BN):
         dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
                             n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            seed, rng_base, Lk, drop_t, drop_scale,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
+                            PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
         hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
         for n0 in range(e2, full, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
+                                PRECISION)
             hi_sum += part
     for n0 in range(full, hi, BN):
         dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
                             n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            seed, rng_base, Lk, drop_t, drop_scale,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
+                            PRECISION)
     tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and FLAT:  # the flat tiles' whole gradient lands on the range's one entry
@@ -547,74 +572,168 @@ def _padded_values(values: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(values.float() * LOG2E, (PAD, PAD))
 
 
+def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, spec: TritonSpec):
+    """The forward kernel: ``(out (B, H, Lq, dv), lse (B, H, Lq) fp32, base 2)``; inputs as :func:`triton_attention`
+    prepares them (``padded``: :func:`_padded_values`)."""
+    batch, heads, query_length, dim = q.shape
+    key_length, dim_v = k.shape[2], v.shape[3]
+    bm, bn, warps, stages = _blocks(dim, q.device).fwd
+    out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
+    lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
+    t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
+    _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+        q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
+        *_key_args(key_terms, q.device),
+        heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
+        D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
+        CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
+        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec),
+    )
+    return out, lse
+
+
+def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, key_terms, spec: TritonSpec,
+                     bias_grad: bool):
+    """The three backward kernels: ``(dq, dk, dv, d values (Hb, n) fp32 or None)``."""
+    batch, heads, query_length, dim = q.shape
+    kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
+    n_vals = padded.shape[1] - 2 * PAD
+    blocks = _blocks(dim, q.device)
+    common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
+                  FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q),
+                  KEYBIAS=key_terms is not None, **_dropout_args(spec))
+    t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
+    vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
+
+    delta = torch.empty_like(lse)  # (B, H, Lq)
+    _delta_kernel[(triton.cdiv(query_length, 64), batch * heads)](
+        out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
+        DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
+    )
+    bm, bn, warps, stages = blocks.dkdv
+    dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
+    dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
+    _dkdv_kernel[(triton.cdiv(key_length, bn), batch * kv_heads)](
+        q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded), *keys,
+        heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
+        spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+    )
+    bm, bn, warps, stages = blocks.dq
+    programs = triton.cdiv(query_length, bm) * batch * heads
+    slots = programs if (bias_grad and spec.deterministic) else 1
+    dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
+    dq = torch.empty_like(q)
+    _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+        q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
+        dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0, *keys,
+        heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
+        n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
+        BT=triton.next_power_of_2(bm + bn - 1), num_warps=warps, num_stages=stages,
+    )
+    return dq, dk, dv, (dvals.sum(0) if bias_grad else None)  # (Hb, n)
+
+
 class _TritonAttention(torch.autograd.Function):
+    """Eager autograd: the kernels launched directly (:class:`_TritonOps` serves torch.compile)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, values, slopes, starts, ends, spec: TritonSpec):
+    def forward(ctx, q, k, v, values, slopes, starts, ends, key_terms, spec: TritonSpec):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
-        batch, heads, query_length, dim = q.shape
-        key_length, dim_v = k.shape[2], v.shape[3]
         padded = _padded_values(values)  # (Hb, n + 2 PAD)
-        bm, bn, warps, stages = _blocks(dim, q.device).fwd
-        out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
-        lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
-        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, values.shape[1])
-        _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
-            q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
-            heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
-            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
-            CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-            num_warps=warps, num_stages=stages, **_dropout_args(spec),
-        )
-        ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends)
+        out, lse = _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, spec)
+        ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends, key_terms)
         ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, padded, slopes, starts, ends = ctx.saved_tensors
-        spec = ctx.spec
-        grad_out = _last_dim_contiguous(grad_out)  # (B, H, Lq, dv)
-        batch, heads, query_length, dim = q.shape
-        kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
-        n_vals = padded.shape[1] - 2 * PAD
-        blocks = _blocks(dim, q.device)
-        common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
-                      FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q),
-                      **_dropout_args(spec))
-        t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
-        vals = padded[:, PAD:]
+        q, k, v, out, lse, padded, slopes, starts, ends, key_terms = ctx.saved_tensors
+        bias_grad = ctx.values_grad and ctx.spec.bias_kind == BIAS_OFFSETS
+        dq, dk, dv, dvals = _launch_backward(_last_dim_contiguous(grad_out), q, k, v, out, lse, padded, slopes, starts,
+                                             ends, key_terms, ctx.spec, bias_grad)
+        grad_values = dvals.to(ctx.values_dtype) if bias_grad else None  # (Hb, n)
+        return dq, dk, dv, grad_values, None, None, None, None, None
 
-        delta = torch.empty_like(lse)  # (B, H, Lq)
-        _delta_kernel[(triton.cdiv(query_length, 64), batch * heads)](
-            out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
-            DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
-        )
-        bm, bn, warps, stages = blocks.dkdv
-        dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
-        dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
-        _dkdv_kernel[(triton.cdiv(key_length, bn), batch * kv_heads)](
-            q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
-            heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
-            spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
-        )
-        bm, bn, warps, stages = blocks.dq
-        bias_grad = ctx.values_grad and spec.bias_kind == BIAS_OFFSETS
-        programs = triton.cdiv(query_length, bm) * batch * heads
-        slots = programs if (bias_grad and spec.deterministic) else 1
-        dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
-        dq = torch.empty_like(q)
-        _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
-            q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
-            dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0,
-            heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
-            n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
-            BT=triton.next_power_of_2(bm + bn - 1), num_warps=warps, num_stages=stages,
-        )
-        grad_values = dvals.sum(0).to(ctx.values_dtype) if bias_grad else None  # (Hb, n)
-        return dq, dk, dv, grad_values, None, None, None, None
+
+# ------------------------------------------------------------------------------------------- torch.compile
+# Under torch.compile the kernels run as two opaque custom ops (relpos::triton_attention_fwd / _bwd) with their
+# output shapes declared (register_fake) and the backward registered for autograd: the compiled graph calls
+# them, and CUDA graphs (mode="reduce-overhead") capture them. The eager path keeps _TritonAttention.
+
+def _op_spec(bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
+             deterministic: bool) -> TritonSpec:
+    return TritonSpec(bias_kind, causal, scale, q_offset, (flat_lo, flat_hi) if has_flat else None, deterministic)
+
+
+def _spec_args(spec: TritonSpec) -> tuple:
+    flat_lo, flat_hi = spec.flat if spec.flat is not None else (0, 0)
+    return (spec.bias_kind, spec.causal, spec.scale, spec.q_offset, flat_lo, flat_hi, spec.flat is not None,
+            spec.deterministic)
+
+
+@torch.library.custom_op("relpos::triton_attention_fwd", mutates_args=())
+def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor,
+                starts: torch.Tensor | None, ends: torch.Tensor | None, key_terms: torch.Tensor | None, bias_kind: int,
+                causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
+                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, spec)
+
+
+@_op_forward.register_fake
+def _(q, k, v, values, slopes, starts, ends, key_terms, *spec_args):
+    out = q.new_empty(*q.shape[:3], v.shape[-1])  # (B, H, Lq, dv)
+    return out, q.new_empty(q.shape[:3], dtype=torch.float32)  # (B, H, Lq)
+
+
+@torch.library.custom_op("relpos::triton_attention_bwd", mutates_args=())
+def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, starts: torch.Tensor | None,
+                 ends: torch.Tensor | None, key_terms: torch.Tensor | None, bias_kind: int, causal: bool, scale: float,
+                 q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool, deterministic: bool,
+                 bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic)
+    q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out))
+    dq, dk, dv, dvals = _launch_backward(grad_out, q, k, v, out, lse, _padded_values(values), slopes, starts, ends,
+                                         key_terms, spec, bias_grad)
+    return dq, dk, dv, dvals if dvals is not None else values.new_zeros(0, dtype=torch.float32)
+
+
+@_op_backward.register_fake
+def _(grad_out, q, k, v, out, lse, values, slopes, starts, ends, key_terms, *spec_args):
+    bias_grad = spec_args[-1]
+    dvals = values.new_empty(values.shape if bias_grad else (0,), dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dvals
+
+
+def _op_setup(ctx, inputs, output) -> None:
+    q, k, v, values, slopes, starts, ends, key_terms, *spec_args = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], values, slopes, starts, ends, key_terms)
+    ctx.spec_args = spec_args
+
+
+def _op_gradients(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, values, slopes, starts, ends, key_terms = ctx.saved_tensors
+    bias_grad = bool(ctx.needs_input_grad[3]) and ctx.spec_args[0] == BIAS_OFFSETS
+    dq, dk, dv, dvals = torch.ops.relpos.triton_attention_bwd(grad_out, q, k, v, out, lse, values, slopes, starts, ends,
+                                                              key_terms, *ctx.spec_args, bias_grad)
+    grads = (dq, dk, dv, dvals.to(values.dtype) if bias_grad else None)
+    return grads + (None,) * (4 + len(ctx.spec_args))
+
+
+_op_forward.register_autograd(_op_gradients, setup_context=_op_setup)
+
+
+def _key_args(key_terms: torch.Tensor | None, device: torch.device) -> tuple:
+    """The kernels' (KB, stride over examples, stride over heads) for ``key_terms`` (Bk, Hk, Lk) in log2 units;
+    broadcast dimensions get stride 0. Without key terms: an unused pointer on ``device``."""
+    if key_terms is None:
+        return _unused(device), 0, 0
+    return key_terms, key_terms.stride(0) if key_terms.shape[0] > 1 else 0, key_terms.stride(1) if key_terms.shape[1] > 1 else 0
 
 
 def _head_stride(padded: torch.Tensor) -> int:
@@ -645,13 +764,15 @@ def triton_attention(
     values: torch.Tensor | None,
     slopes: torch.Tensor | None,
     key_ranges: tuple[tuple[int, ...], tuple[int, ...]] | None,
+    key_mask: torch.Tensor | None = None,
     spec: TritonSpec,
 ) -> torch.Tensor:
     """(B, H, Lq, dv) attention through the kernels; inputs already validated (relpos.attention).
 
     ``values``: (Hb, Lq + Lk - 1) per-offset bias (Hb = 1 or H), read when ``spec.bias_kind`` is
     ``BIAS_OFFSETS``; ``slopes``: (H,) for the linear kinds; ``key_ranges``: per-example kept keys
-    ``(starts, ends)``.
+    ``(starts, ends)``, whose tiles are skipped; ``key_mask``: a boolean (B, Lk) key padding mask of any
+    pattern (holes too), applied to every tile's keys (``-inf``) instead (nothing skipped).
     """
     device = query.device
     if values is None or spec.bias_kind != BIAS_OFFSETS:
@@ -663,4 +784,11 @@ def triton_attention(
         starts = torch.tensor(key_ranges[0], device=device, dtype=torch.int32)  # (B,)
         ends = torch.tensor(key_ranges[1], device=device, dtype=torch.int32)
     slopes = (slopes.float() * LOG2E).contiguous()  # (H,) in log2 units, as the scores
-    return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, spec)
+    key_terms = None
+    if key_mask is not None:
+        key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float("-inf"))[:, None]  # (B, 1, Lk)
+    if torch.compiler.is_compiling():  # opaque custom ops the compiled graph calls (no dropout there: dispatch)
+        out, _ = torch.ops.relpos.triton_attention_fwd(query, key, value, values, slopes, starts, ends, key_terms,
+                                                       *_spec_args(spec))
+        return out
+    return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, key_terms, spec)

@@ -116,6 +116,7 @@ class _Call:
     scale: float
     q_offset: int
     dense_reason: str | None  # why only a dense (B, H, Lq, Lk) mask can express this call
+    key_mask: torch.Tensor | None = None  # (B, Lk), when it is the only mask and no key ranges express it (holes)
 
     @property
     def key_length(self) -> int:
@@ -210,8 +211,10 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     check_defines_future(bias, causal, key_length, q_offset, attn_mask)
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
+    only_keys = key_mask if attn_mask is None else None  # the Triton kernel takes it per key, any pattern
     compiling = torch.compiler.is_compiling()  # key ranges are data (tolist): a graph break under fullgraph
-    if masked and (compiling or _is_small(batch, heads, query_length, key_length)) and backend not in ("fused", "flex", "triton"):
+    small = _is_small(batch, heads, query_length, key_length)
+    if masked and ((compiling and backend not in ("fused", "flex")) or (small and backend not in ("fused", "flex", "triton"))):
         dense_reason = (
             "under torch.compile a mask is one dense SDPA mask (key ranges would be a data-dependent branch)"
             if compiling
@@ -234,6 +237,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     return _Call(
         query, key, value, resolved, causal, attn_mask, ranges, dropout_p,
         1.0 / math.sqrt(dim) if scale is None else scale, q_offset, dense_reason,
+        key_mask=only_keys if dense_reason else None,
     )
 
 
@@ -366,8 +370,9 @@ def select_backend(
     """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
 
     Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: on a CUDA GPU,
-    a per-offset bias (frozen or learnable, with causal, padding, grouped heads, dropout) past 2**21
-    scores: ``triton`` (the position term computed inside each tile; needs triton).
+    a per-offset bias (frozen or learnable, with causal, any key padding mask, grouped heads, dropout
+    but not under torch.compile) past 2**21 scores: ``triton`` (the position term computed inside each
+    tile; needs triton).
     A dense bias, or a mask that is not key padding: ``sdpa`` with a dense mask. Other dropout:
     ``fused`` on CPU, ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU
     without triton (both train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on
@@ -555,10 +560,10 @@ _TRITON_MAX_HEAD_DIM = 256  # one (rows, head dim) block of q, k and v per tile 
 
 def _triton_unavailable(call: _Call) -> str | None:
     q = call.query
-    if call.dense_reason:
-        return f"the kernel reads a per-offset bias and key ranges; {call.dense_reason}"
-    if torch.compiler.is_compiling():
-        return "under torch.compile relpos keeps to paths the compiler traces (sdpa, flex)"
+    if call.dense_reason and (call.key_mask is None or isinstance(call.bias, torch.Tensor)):
+        return f"the kernel reads a per-offset bias and a key padding mask; {call.dense_reason}"
+    if torch.compiler.is_compiling() and call.dropout_p:
+        return "under torch.compile the kernel draws no dropout (its seed is one Python number per call)"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
@@ -598,7 +603,8 @@ def _triton(call: _Call) -> torch.Tensor:
         slopes = bias.linear.slopes.expand(call.query.shape[1])  # (H,): one head's slopes broadcast
     ranges = None if call.ranges is None else (call.ranges.starts, call.ranges.ends)
     values = None if bias is None else bias.values
-    return triton_attention(call.query, call.key, call.value, values=values, slopes=slopes, key_ranges=ranges, spec=spec)
+    return triton_attention(call.query, call.key, call.value, values=values, slopes=slopes, key_ranges=ranges,
+                            key_mask=call.key_mask, spec=spec)
 
 
 @dataclass(frozen=True)
