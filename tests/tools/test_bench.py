@@ -64,3 +64,28 @@ def test_eager_paths_benchmark_measures_each_encoding():
     for name in ("shaw", "cope"):
         row = module.measure(name, length=64, steps=2)
         assert row["eval_rows"] == 128 and row["eval_ms"] > 0 and row["step_ms"] > 0
+
+
+def test_the_gpu_variants_compute_the_same_attention():
+    """On CUDA relpos bench adds relpos's Triton kernel and the hand-written FlexAttention a user would write (the
+    per-offset vector gathered by kv - q in score_mod). Run here on CPU tensors (the kernel under Triton's
+    interpreter, flex compiled for the CPU, inference): both equal relpos's eager reference."""
+    import torch
+
+    import relpos
+    from relpos.tools import bench
+
+    torch.manual_seed(0)
+    length = 24
+    ours = relpos.RelativePositionalBias(bench.HEADS)
+    with torch.no_grad():
+        ours.relative_attention_bias.weight.normal_(0, 1.0)
+    q, k, v = (torch.randn(1, bench.HEADS, length, bench.HEAD_DIM) for _ in range(3))
+    variants = bench._gpu_variants(q, k, v, ours, length, BenchConfig(flex=True))
+    assert set(variants) == {"relpos_triton", "hand_flex"}
+    with torch.no_grad():
+        want = relpos.attention(q, k, v, bias=ours, scale=bench.SCALE, backend="eager")
+        plain = relpos.attention(q, k, v, scale=bench.SCALE, backend="eager")
+        assert (want - plain).abs().max() > 0.05  # the table matters here
+        for name, run in variants.items():
+            torch.testing.assert_close(run(), want, atol=2e-5, rtol=1e-5, msg=name)

@@ -22,6 +22,7 @@ before.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -142,7 +143,39 @@ def _variants(mode: str, batch: int, length: int, hf, hf_eager, hf_sdpa, ours, c
         out["sdpa_frozen_bias"] = step(frozen)
     elif config.flex:
         out["relpos_flex"] = step(lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="flex"))
+    if config.cuda:
+        out.update({name: step(fn) for name, fn in _gpu_variants(q, k, v, ours, length, config).items()})
     return out
+
+
+def _gpu_variants(q, k, v, ours, length: int, config: BenchConfig) -> dict[str, Callable]:
+    """On CUDA: relpos's Triton kernel, and the ten-line FlexAttention a user would write instead (the per-offset
+    vector gathered by ``kv - q`` in ``score_mod``, compiled once per shape; with ``config.flex``)."""
+    out = {}
+    if importlib.util.find_spec("triton") is not None:
+        out["relpos_triton"] = lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="triton")
+    if config.flex:
+        flex = _compiled_flex_attention()
+        last = length - 1
+
+        def hand_flex():
+            vec = ours.offsets(length, length).values  # (H, 2L - 1), the table's gradient through it
+            return flex(q, k, v, score_mod=lambda s, b, h, qi, ki: s + vec[h, ki - qi + last], scale=SCALE)
+
+        out["hand_flex"] = hand_flex
+    return out
+
+
+_FLEX = []
+
+
+def _compiled_flex_attention():
+    """``torch.compile(flex_attention)``, built once per process."""
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0]
 
 
 def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) -> bool:
@@ -175,6 +208,8 @@ def run_bench(config: BenchConfig) -> dict:
             variants = _real_variants(mode, batch, length, hf, hf_sdpa, ours, config)
         else:
             variants = _variants(mode, batch, length, hf, hf_eager, hf_sdpa, ours, config)
+        if mode not in ("build", "decode"):
+            progress.total += (len(variants) - counts[mode]) * config.rounds  # the GPU's extra variants
         skipped = {n for n in variants if not _fits(n, mode, batch, length, config.memory_limit_gib)}
         for name in skipped:
             results.append(Result(mode, batch, length, name, None, None, f"skipped: over {config.memory_limit_gib} GiB"))
