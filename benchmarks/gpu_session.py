@@ -13,7 +13,8 @@ Steps:
 
 * ``tests``: ``pytest -m gpu`` (the Triton kernel at real sizes, dropout included; the models on CUDA);
 * ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes,
-  FlexAttention, the FlashBias fold; the dropout training step);
+  FlexAttention, the FlashBias fold; the dropout training step), with ``--profile``: torch.profiler's CPU and
+  CUDA time per call at L = 4096, where the kernel's fixed per-call cost goes;
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA).
 """
@@ -30,8 +31,8 @@ import time
 
 STEPS = {  # name -> (seconds at most, command); run in this order
     "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
-    "kernel": (240, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
-                     "--lengths", "4096,16384"]),
+    "kernel": (270, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
+                     "--lengths", "4096,16384", "--profile"]),
     "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
                  "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                  "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
