@@ -20,7 +20,7 @@ import relpos  # noqa: E402
 from relpos.backends import _triton  # noqa: E402
 
 from oracles import assert_bias_matters, attend, bias_oracle, philox_keep  # noqa: E402
-from relpos.backends._dropout import draw_seed  # noqa: E402
+from relpos.backends._dropout import draw_seed_tensor  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, D = 4, 16
@@ -280,9 +280,9 @@ def test_clipped_blocks_on_the_edge_of_the_flat_range(radius):
 
 
 def seeded_call(seed):
-    """The dropout seed relpos.attention draws after ``torch.manual_seed(seed)`` (one draw per call)."""
+    """The dropout seed relpos.attention draws after ``torch.manual_seed(seed)`` (one draw per call, on the device)."""
     torch.manual_seed(seed)
-    return draw_seed()
+    return int(draw_seed_tensor(DEVICE).item())
 
 
 def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(monkeypatch):
@@ -422,4 +422,43 @@ def test_under_torch_compile_the_kernel_is_an_opaque_op_with_its_gradients(compi
         other = keep.clone()
         other[0] = True
         torch.testing.assert_close(compiled(q, k, v, other), step(q, k, v, other), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_dropout_under_torch_compile():
+    """Dropout in the compiled kernel: its seed is a device tensor drawn inside the graph. With aot_eager (which
+    draws it as eager does) outputs and gradients equal the eager kernel's under the same torch.manual_seed; with
+    inductor (its own random stream) the kept weights, read out through q = 0 and one-hot values, are exactly
+    0 or 1 / (Lk (1 - p')) with about 1 - p of them kept, and two calls draw different masks."""
+    bias = BIASES["t5"]()
+    q, k, v = qkv(2, 40, 40)
+    p = 0.3
+
+    def step(q, k, v):
+        return relpos.attention(q, k, v, bias=bias, causal=True, dropout_p=p, backend="triton")
+
+    results = []
+    for run_step in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        bias.zero_grad()
+        leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(4)
+        out = run_step(*leaves)
+        out.square().sum().backward()
+        results.append([out.detach()] + [t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad.clone()])
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+    lk = 48
+    zeros, keys = torch.zeros(2, H, 32, D), torch.randn(2, H, lk, D)
+    eye = torch.eye(lk).expand(2, H, lk, lk).contiguous()  # (B, H, Lk, Lk): the output is the weights
+    compiled = torch.compile(lambda q, k, v: relpos.attention(q, k, v, dropout_p=p, backend="triton"),  # uniform weights
+                             backend="inductor", fullgraph=True)
+    with torch.no_grad():
+        first, second = compiled(zeros, keys, eye), compiled(zeros, keys, eye)
+    kept = 1 / (lk * (1 - round(p * 65536) / 65536))
+    for weights in (first, second):
+        assert torch.isclose(weights, torch.zeros(()), atol=1e-7).logical_or(torch.isclose(weights, torch.tensor(kept))).all()
+        assert abs((weights > 0).float().mean().item() - (1 - p)) < 0.03  # 24,576 weights
+    assert not torch.equal(first, second)
     torch._dynamo.reset()

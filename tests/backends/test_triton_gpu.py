@@ -102,13 +102,13 @@ def test_dropout_outputs_and_gradients_at_real_size(causal):
     """Dropout 0.1 at L = 700 with the kernel's real tiles: the mask is Philox at each score's position
     (tests/oracles.py philox_keep), outputs and gradients (the table's included) against fp64 autograd."""
     from oracles import philox_keep
-    from relpos.backends._dropout import draw_seed
+    from relpos.backends._dropout import draw_seed_tensor
 
     batch, length, p = 2, 700, 0.1
     bias = strong_t5(bidirectional=not causal)
     q, k, v = inputs(batch, length, length)
     torch.manual_seed(9)
-    drop = philox_keep(draw_seed(), batch, H, length, length, p)
+    drop = philox_keep(int(draw_seed_tensor("cuda").item()), batch, H, length, length, p)  # the kernel's draw
     weights = torch.randn(batch, H, length, D, generator=torch.Generator().manual_seed(5))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     want = attend(*exact, bias_oracle(bias, length, length, grad=True), causal=causal, drop=drop, p=p)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ROWS", "drop_weights", "draw_seed", "effective_p", "keep_rows", "keep_dense"]
+__all__ = ["ROWS", "drop_weights", "draw_seed", "draw_seed_tensor", "effective_p", "keep_rows", "keep_dense"]
 
 ROWS = 64  # query rows per generator
 
@@ -28,6 +28,13 @@ ROWS = 64  # query rows per generator
 def draw_seed() -> int:
     """One seed from torch's default (CPU) generator."""
     return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def draw_seed_tensor(device) -> torch.Tensor:
+    """The Triton kernel's seed: the same draw as :func:`draw_seed`, left a (1,) int64 tensor on ``device`` (the
+    kernel reads it there: no host sync, and a compiled graph draws a new one per call). On the CPU it equals
+    :func:`draw_seed` after the same ``torch.manual_seed``; on CUDA it comes from the device's generator."""
+    return torch.randint(0, 2**62, (1,), device=device)
 
 
 def effective_p(p: float) -> float:

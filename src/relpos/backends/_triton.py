@@ -95,6 +95,16 @@ def _kept(seed, rng_base, rows, cols, Lk, threshold):
 
 
 @triton.jit
+def _seed(SEED, DROPOUT: tl.constexpr):
+    """The call's dropout seed, read from a (1,) int64 tensor on the device (drawn there: a compiled graph,
+    CUDA graphs included, draws a new one per call); 0 without dropout."""
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    return seed
+
+
+@triton.jit
 def _key_terms(kb_row, offs_n, limit):
     """(BN,) the per-key term of keys ``offs_n`` (log2 units; ``-inf`` hides a key: a padding mask of any
     pattern), ``-inf`` past ``limit``."""
@@ -174,17 +184,18 @@ def _fwd_step(
     return acc, m_new, l_i
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "seed", "drop_t"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "drop_t"])
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, stride_vals, KB, stride_kbb, stride_kbh,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, seed, drop_t, drop_scale,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    seed = _seed(SEED, DROPOUT)
     b, h = pid_bh // H, pid_bh % H
     m0 = pid_m * BM
     offs_m = m0 + tl.arange(0, BM)
@@ -282,12 +293,12 @@ def _dkdv_step(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "seed", "drop_t"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "drop_t"])
 def _dkdv_kernel(
     Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, KB, stride_kbb, stride_kbh,
-    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, seed, drop_t, drop_scale,
+    H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
@@ -298,6 +309,7 @@ def _dkdv_kernel(
     padding edge), [u0, f1) flat high, [f1, f2) gathered, [f2, u1) flat low, [u1, m_end) masked (the last
     partial block)."""
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    seed = _seed(SEED, DROPOUT)
     b, hk = pid_bh // HKV, pid_bh % HKV
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
@@ -424,12 +436,12 @@ def _dq_step(
     return dq, total
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "seed", "drop_t"])
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "drop_t"])
 def _dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot, KB, stride_kbb, stride_kbh,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, seed, drop_t, drop_scale,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
@@ -437,6 +449,7 @@ def _dq_kernel(
 ):
     """dq of one query block, and its share of the per-offset values' gradient."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    seed = _seed(SEED, DROPOUT)
     b, h = pid_bh // H, pid_bh % H
     m0 = pid_m * BM
     offs_m = m0 + tl.arange(0, BM)
@@ -537,17 +550,16 @@ class TritonSpec:
     q_offset: int
     flat: tuple[int, int] | None  # indices into the values (OffsetBias.flat_indices) or None
     deterministic: bool = False
-    dropout: tuple[int, float] | None = None  # (seed, p): attention dropout drawn in the kernels (:func:`_kept`)
+    dropout_p: float = 0.0  # attention dropout drawn in the kernels (:func:`_kept`), its seed a device tensor
 
 
-def _dropout_args(spec: TritonSpec) -> dict:
-    """The kernels' dropout arguments: the seed, the 16-bit threshold ``round(p * 2**16)`` and ``1 / (1 - p')``
-    with ``p'`` that threshold over 2**16 (relpos's rounding rule, relpos.backends._dropout.effective_p)."""
-    if spec.dropout is None:
-        return dict(seed=0, drop_t=0, drop_scale=1.0, DROPOUT=False)
-    seed, p = spec.dropout
-    threshold = round(p * 65536)
-    return dict(seed=seed, drop_t=threshold, drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
+def _dropout_args(spec: TritonSpec, seed: torch.Tensor | None) -> dict:
+    """The kernels' dropout arguments: the seed's (1,) int64 tensor, the 16-bit threshold ``round(p * 2**16)`` and
+    ``1 / (1 - p')`` with ``p'`` that threshold over 2**16 (relpos's rounding, relpos.backends._dropout.effective_p)."""
+    if not spec.dropout_p:
+        return dict(SEED=seed, drop_t=0, drop_scale=1.0, DROPOUT=False)
+    threshold = round(spec.dropout_p * 65536)
+    return dict(SEED=seed, drop_t=threshold, drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
 
 
 def _pow2(n: int) -> int:
@@ -572,7 +584,7 @@ def _padded_values(values: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(values.float() * LOG2E, (PAD, PAD))
 
 
-def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, spec: TritonSpec):
+def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec: TritonSpec):
     """The forward kernel: ``(out (B, H, Lq, dv), lse (B, H, Lq) fp32, base 2)``; inputs as :func:`triton_attention`
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
@@ -588,12 +600,12 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, spec: Trit
         heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
         D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
         CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec),
+        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
     )
     return out, lse
 
 
-def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, key_terms, spec: TritonSpec,
+def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, key_terms, seed, spec: TritonSpec,
                      bias_grad: bool):
     """The three backward kernels: ``(dq, dk, dv, d values (Hb, n) fp32 or None)``."""
     batch, heads, query_length, dim = q.shape
@@ -602,7 +614,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     blocks = _blocks(dim, q.device)
     common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
                   FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q),
-                  KEYBIAS=key_terms is not None, **_dropout_args(spec))
+                  KEYBIAS=key_terms is not None, **_dropout_args(spec, seed))
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
 
@@ -640,22 +652,22 @@ class _TritonAttention(torch.autograd.Function):
     """Eager autograd: the kernels launched directly (:class:`_TritonOps` serves torch.compile)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, values, slopes, starts, ends, key_terms, spec: TritonSpec):
+    def forward(ctx, q, k, v, values, slopes, starts, ends, key_terms, seed, spec: TritonSpec):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
         padded = _padded_values(values)  # (Hb, n + 2 PAD)
-        out, lse = _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, spec)
-        ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends, key_terms)
+        out, lse = _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec)
+        ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends, key_terms, seed)
         ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, padded, slopes, starts, ends, key_terms = ctx.saved_tensors
+        q, k, v, out, lse, padded, slopes, starts, ends, key_terms, seed = ctx.saved_tensors
         bias_grad = ctx.values_grad and ctx.spec.bias_kind == BIAS_OFFSETS
         dq, dk, dv, dvals = _launch_backward(_last_dim_contiguous(grad_out), q, k, v, out, lse, padded, slopes, starts,
-                                             ends, key_terms, ctx.spec, bias_grad)
+                                             ends, key_terms, seed, ctx.spec, bias_grad)
         grad_values = dvals.to(ctx.values_dtype) if bias_grad else None  # (Hb, n)
-        return dq, dk, dv, grad_values, None, None, None, None, None
+        return dq, dk, dv, grad_values, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------- torch.compile
@@ -664,28 +676,29 @@ class _TritonAttention(torch.autograd.Function):
 # them, and CUDA graphs (mode="reduce-overhead") capture them. The eager path keeps _TritonAttention.
 
 def _op_spec(bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
-             deterministic: bool) -> TritonSpec:
-    return TritonSpec(bias_kind, causal, scale, q_offset, (flat_lo, flat_hi) if has_flat else None, deterministic)
+             deterministic: bool, dropout_p: float) -> TritonSpec:
+    flat = (flat_lo, flat_hi) if has_flat else None
+    return TritonSpec(bias_kind, causal, scale, q_offset, flat, deterministic, dropout_p)
 
 
 def _spec_args(spec: TritonSpec) -> tuple:
     flat_lo, flat_hi = spec.flat if spec.flat is not None else (0, 0)
     return (spec.bias_kind, spec.causal, spec.scale, spec.q_offset, flat_lo, flat_hi, spec.flat is not None,
-            spec.deterministic)
+            spec.deterministic, spec.dropout_p)
 
 
 @torch.library.custom_op("relpos::triton_attention_fwd", mutates_args=())
 def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor,
-                starts: torch.Tensor | None, ends: torch.Tensor | None, key_terms: torch.Tensor | None, bias_kind: int,
-                causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
-                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic)
+                starts: torch.Tensor | None, ends: torch.Tensor | None, key_terms: torch.Tensor | None,
+                seed: torch.Tensor | None, bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int,
+                flat_hi: int, has_flat: bool, deterministic: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, spec)
+    return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, seed, spec)
 
 
 @_op_forward.register_fake
-def _(q, k, v, values, slopes, starts, ends, key_terms, *spec_args):
+def _(q, k, v, values, slopes, starts, ends, key_terms, seed, *spec_args):
     out = q.new_empty(*q.shape[:3], v.shape[-1])  # (B, H, Lq, dv)
     return out, q.new_empty(q.shape[:3], dtype=torch.float32)  # (B, H, Lq)
 
@@ -693,36 +706,37 @@ def _(q, k, v, values, slopes, starts, ends, key_terms, *spec_args):
 @torch.library.custom_op("relpos::triton_attention_bwd", mutates_args=())
 def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, starts: torch.Tensor | None,
-                 ends: torch.Tensor | None, key_terms: torch.Tensor | None, bias_kind: int, causal: bool, scale: float,
-                 q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool, deterministic: bool,
+                 ends: torch.Tensor | None, key_terms: torch.Tensor | None, seed: torch.Tensor | None, bias_kind: int,
+                 causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
+                 deterministic: bool, dropout_p: float,
                  bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic)
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
     q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out))
     dq, dk, dv, dvals = _launch_backward(grad_out, q, k, v, out, lse, _padded_values(values), slopes, starts, ends,
-                                         key_terms, spec, bias_grad)
+                                         key_terms, seed, spec, bias_grad)
     return dq, dk, dv, dvals if dvals is not None else values.new_zeros(0, dtype=torch.float32)
 
 
 @_op_backward.register_fake
-def _(grad_out, q, k, v, out, lse, values, slopes, starts, ends, key_terms, *spec_args):
+def _(grad_out, q, k, v, out, lse, values, slopes, starts, ends, key_terms, seed, *spec_args):
     bias_grad = spec_args[-1]
     dvals = values.new_empty(values.shape if bias_grad else (0,), dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dvals
 
 
 def _op_setup(ctx, inputs, output) -> None:
-    q, k, v, values, slopes, starts, ends, key_terms, *spec_args = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], values, slopes, starts, ends, key_terms)
+    q, k, v, values, slopes, starts, ends, key_terms, seed, *spec_args = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], values, slopes, starts, ends, key_terms, seed)
     ctx.spec_args = spec_args
 
 
 def _op_gradients(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, values, slopes, starts, ends, key_terms = ctx.saved_tensors
+    q, k, v, out, lse, values, slopes, starts, ends, key_terms, seed = ctx.saved_tensors
     bias_grad = bool(ctx.needs_input_grad[3]) and ctx.spec_args[0] == BIAS_OFFSETS
     dq, dk, dv, dvals = torch.ops.relpos.triton_attention_bwd(grad_out, q, k, v, out, lse, values, slopes, starts, ends,
-                                                              key_terms, *ctx.spec_args, bias_grad)
+                                                              key_terms, seed, *ctx.spec_args, bias_grad)
     grads = (dq, dk, dv, dvals.to(values.dtype) if bias_grad else None)
-    return grads + (None,) * (4 + len(ctx.spec_args))
+    return grads + (None,) * (5 + len(ctx.spec_args))
 
 
 _op_forward.register_autograd(_op_gradients, setup_context=_op_setup)
@@ -765,6 +779,7 @@ def triton_attention(
     slopes: torch.Tensor | None,
     key_ranges: tuple[tuple[int, ...], tuple[int, ...]] | None,
     key_mask: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
     spec: TritonSpec,
 ) -> torch.Tensor:
     """(B, H, Lq, dv) attention through the kernels; inputs already validated (relpos.attention).
@@ -772,7 +787,8 @@ def triton_attention(
     ``values``: (Hb, Lq + Lk - 1) per-offset bias (Hb = 1 or H), read when ``spec.bias_kind`` is
     ``BIAS_OFFSETS``; ``slopes``: (H,) for the linear kinds; ``key_ranges``: per-example kept keys
     ``(starts, ends)``, whose tiles are skipped; ``key_mask``: a boolean (B, Lk) key padding mask of any
-    pattern (holes too), applied to every tile's keys (``-inf``) instead (nothing skipped).
+    pattern (holes too), applied to every tile's keys (``-inf``) instead (nothing skipped); ``seed``: dropout's
+    (1,) int64 seed on the device (``spec.dropout_p > 0``).
     """
     device = query.device
     if values is None or spec.bias_kind != BIAS_OFFSETS:
@@ -787,8 +803,10 @@ def triton_attention(
     key_terms = None
     if key_mask is not None:
         key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float("-inf"))[:, None]  # (B, 1, Lk)
-    if torch.compiler.is_compiling():  # opaque custom ops the compiled graph calls (no dropout there: dispatch)
-        out, _ = torch.ops.relpos.triton_attention_fwd(query, key, value, values, slopes, starts, ends, key_terms,
+    if seed is None:
+        seed = _unused(device)  # never read (no dropout)
+    if torch.compiler.is_compiling():  # opaque custom ops the compiled graph calls
+        out, _ = torch.ops.relpos.triton_attention_fwd(query, key, value, values, slopes, starts, ends, key_terms, seed,
                                                        *_spec_args(spec))
         return out
-    return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, key_terms, spec)
+    return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, key_terms, seed, spec)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
 from ._denormals import flushing
-from ._dropout import draw_seed, drop_weights
+from ._dropout import draw_seed, draw_seed_tensor, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
 from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
@@ -370,9 +370,9 @@ def select_backend(
     """What ``attention(..., backend="auto")`` runs for these arguments, and why not the others.
 
     Takes the arguments :func:`attention` takes and refuses what it refuses. Rules: on a CUDA GPU,
-    a per-offset bias (frozen or learnable, with causal, any key padding mask, grouped heads, dropout
-    but not under torch.compile) past 2**21 scores: ``triton`` (the position term computed inside each
-    tile; needs triton).
+    a per-offset bias (frozen or learnable, with causal, any key padding mask, grouped heads, dropout;
+    eager or compiled) past 2**21 scores: ``triton`` (the position term computed inside each tile; needs
+    triton).
     A dense bias, or a mask that is not key padding: ``sdpa`` with a dense mask. Other dropout:
     ``fused`` on CPU, ``sdpa`` elsewhere. A learnable per-offset bias: ``fused`` on CPU, ``flex`` on GPU
     without triton (both train the table without (B, H, L, L) memory). Otherwise ``sdpa`` on
@@ -562,8 +562,6 @@ def _triton_unavailable(call: _Call) -> str | None:
     q = call.query
     if call.dense_reason and (call.key_mask is None or isinstance(call.bias, torch.Tensor)):
         return f"the kernel reads a per-offset bias and a key padding mask; {call.dense_reason}"
-    if torch.compiler.is_compiling() and call.dropout_p:
-        return "under torch.compile the kernel draws no dropout (its seed is one Python number per call)"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
@@ -590,8 +588,7 @@ def _triton_spec(call: _Call):
         else:
             kind, flat = BIAS_OFFSETS, (None if bias.flat is None else bias.flat_indices())
     deterministic = torch.are_deterministic_algorithms_enabled()  # the bias gradient's sum in a fixed order
-    dropout = (draw_seed(), call.dropout_p) if call.dropout_p else None  # one seed per call, as the fused path
-    return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic, dropout)
+    return TritonSpec(kind, call.causal, call.scale, call.q_offset, flat, deterministic, call.dropout_p)
 
 
 def _triton(call: _Call) -> torch.Tensor:
@@ -603,8 +600,9 @@ def _triton(call: _Call) -> torch.Tensor:
         slopes = bias.linear.slopes.expand(call.query.shape[1])  # (H,): one head's slopes broadcast
     ranges = None if call.ranges is None else (call.ranges.starts, call.ranges.ends)
     values = None if bias is None else bias.values
+    seed = draw_seed_tensor(call.query.device) if call.dropout_p else None  # one per call, as the fused path's
     return triton_attention(call.query, call.key, call.value, values=values, slopes=slopes, key_ranges=ranges,
-                            key_mask=call.key_mask, spec=spec)
+                            key_mask=call.key_mask, seed=seed, spec=spec)
 
 
 @dataclass(frozen=True)
