@@ -108,6 +108,8 @@ def test_older_swin_state_dicts_with_the_index_load():
 
 @pytest.mark.parametrize("name,call,error,phrase", [
     ("dense bias of another shape", lambda: attention(Q, Q, Q, bias=torch.zeros(3, 5, 5)), ValueError, "bias of shape (3, 5, 5) does not broadcast"),
+    ("(B, L, H, d) inputs with unequal lengths", lambda: attention(torch.randn(2, 12, 8, 16), torch.randn(2, 10, 8, 16), torch.randn(2, 10, 8, 16)), ValueError,
+     "key/value heads (10) must divide query heads (12) for grouped-query attention; if your tensors are laid out (B, L, H, d), pass query.transpose(1, 2)"),
     ("dense bias with permuted dimensions", lambda: attention(Q, Q[:, :, :3], Q[:, :, :3], bias=torch.zeros(2, 5, 4, 3)), ValueError,
      "bias of shape (2, 5, 4, 3) does not broadcast to (B, H, Lq, Lk) = (2, 4, 5, 3); its dimensions look permuted: "
      "bias.permute(0, 2, 1, 3) has the shape relpos takes"),

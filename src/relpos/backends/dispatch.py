@@ -172,7 +172,11 @@ def _check_qkv(query, key, value) -> None:
             f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(key.shape)}, value {tuple(value.shape)}"
         )
     if heads % kv_heads:
-        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention")
+        hint = ""
+        if query.shape[2] % key.shape[2] == 0:  # dims 1 and 2 swapped would be valid: (B, L, H, d) inputs
+            hint = ("; if your tensors are laid out (B, L, H, d), pass query.transpose(1, 2) and the same for key and "
+                    "value: relpos takes (B, H, L, d)")
+        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention{hint}")
     if key.shape[3] != dim:
         raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
     if dim == 0 or value.shape[3] == 0:
