@@ -218,21 +218,25 @@ def _fwd_kernel(
         c_lo = tl.load(vals + t_lo - (Lq - 1))
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(e1, e2, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                  seed, rng_base, Lk, drop_t, kb_row,
                                   D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                  seed, rng_base, Lk, drop_t, kb_row,
                                   D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
@@ -747,7 +751,8 @@ def _key_args(key_terms: torch.Tensor | None, device: torch.device) -> tuple:
     broadcast dimensions get stride 0. Without key terms: an unused pointer on ``device``."""
     if key_terms is None:
         return _unused(device), 0, 0
-    return key_terms, key_terms.stride(0) if key_terms.shape[0] > 1 else 0, key_terms.stride(1) if key_terms.shape[1] > 1 else 0
+    batch_stride = key_terms.stride(0) if key_terms.shape[0] > 1 else 0
+    return key_terms, batch_stride, key_terms.stride(1) if key_terms.shape[1] > 1 else 0
 
 
 def _head_stride(padded: torch.Tensor) -> int:
