@@ -70,6 +70,29 @@ def test_outputs_and_gradients_equal_transformers(family, image_size, window):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_gpu_sdpa_route_equals_transformers(family, monkeypatch):
+    """The route accelerated Swin models take on CUDA (one SDPA call per layer, windows x heads as SDPA's heads, the
+    bias and shift mask one mask broadcast over the batch), forced here on the CPU: outputs and every gradient equal
+    transformers' (fp64, a padded geometry with shifted windows)."""
+    import relpos.layers.window_attention as wa
+
+    monkeypatch.setattr(wa, "SDPA_DEVICES", {"cpu"})
+    monkeypatch.setattr(wa, "_fusable", lambda *a: False)
+    calls = []
+    real = wa._sdpa_windows
+    monkeypatch.setattr(wa, "_sdpa_windows", lambda *a: calls.append(1) or real(*a))
+    model = _model(family, 36, 4)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
+    ref, ref_grads = _run(model, pixels)
+    out, grads = _run(fast, pixels)
+    assert len(calls) == len(_layers(model))  # every block (SwinLayer) of every stage
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_position_term_matters(family):
     """Zeroing the bias moves the output far beyond the tolerance: the equality above is not vacuous."""
     model = _model(family, 36, 4)

@@ -439,3 +439,35 @@ def test_fuzz_window_attention_equals_transformers(window, height, width, shifte
         block = _v1_block
     x = torch.randn(batch, height * width, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     _compare(lambda t: layer(t, resolution)[0], lambda t: block(layer, attn, t, resolution), params_ref, params_ours, x)
+
+
+@pytest.mark.parametrize("per_window", [False, True])
+@pytest.mark.parametrize("cosine", [False, True])
+def test_the_sdpa_route_equals_reference(per_window, cosine, monkeypatch):
+    """Off the CPU's fused path (on CUDA) window attention is one SDPA call, windows x heads as SDPA's heads and the
+    bias a (1, nW H, N, N) mask broadcast over the batch: forced here on the CPU (fp64, through the projected and
+    the plain entry points), outputs and gradients (q, k, v through their projection, the bias, the cosine scale)
+    equal the eager formula."""
+    import relpos.layers.window_attention as wa
+
+    monkeypatch.setattr(wa, "SDPA_DEVICES", {"cpu"})
+    monkeypatch.setattr(wa, "_fusable", lambda *a: False)
+    calls = []
+    real = wa._sdpa_windows
+    monkeypatch.setattr(wa, "_sdpa_windows", lambda *a: calls.append(a[0].shape) or real(*a))
+    b, nw, h, n, d = 3, 4, 2, 16, 8
+    qkv, (q, k, v) = _views_of_projections(b, nw, h, n, d)
+    g = torch.Generator().manual_seed(1)
+    bias = (4 * torch.randn(nw if per_window else 1, h, n, n, generator=g, dtype=torch.float64)).requires_grad_()
+    cosine_scale = torch.tensor([3.0, 25.0], dtype=torch.float64, requires_grad=True) if cosine else None
+    wanted = [qkv, bias] + ([cosine_scale] if cosine else [])
+    results = []
+    for fused in (True, False):  # fused=True takes the SDPA route here; False the eager reference
+        out = window_attention(q, k, v, bias, cosine_scale=cosine_scale, fused=fused)  # (B, nW, H, N, d)
+        results.append((out, torch.autograd.grad((out * torch.linspace(-1, 2, out.numel()).view(out.shape)).sum(), wanted)))
+    assert calls == [(b, nw, h, n, d)]
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, r in zip(grads, ref_grads):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+    assert (ref - window_attention(q, k, v, None, cosine_scale=cosine_scale, fused=False)).abs().max() > 0.1

@@ -332,6 +332,32 @@ def _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training):
     return probs @ v  # (B, nW, H, N, d)
 
 
+#: devices where the unfused path is one SDPA call (:func:`_sdpa_windows`): CUDA, whose memory-efficient kernel
+#: takes a float mask broadcast over the batch, its gradient and dropout; elsewhere the eager reference
+SDPA_DEVICES = {"cuda"}
+
+
+def _unfused(q, k, v, bias, scale, cosine_scale, dropout_p, training):
+    """Off the fused path: one SDPA call on :data:`SDPA_DEVICES`, the eager reference elsewhere."""
+    if q.device.type in SDPA_DEVICES:
+        return _sdpa_windows(q, k, v, bias, scale, cosine_scale, dropout_p, training)
+    return _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)
+
+
+def _sdpa_windows(q, k, v, bias, scale, cosine_scale, dropout_p, training):
+    """One SDPA call, windows x heads as SDPA's heads: q, k, v ``(B, nW H, N, d)`` and the bias ``(nW | 1, H, N, N)``
+    as one ``(1, nW H, N, N)`` mask in the inputs' dtype, broadcast over the batch (no ``(B, nW, H, N, N)`` scores
+    in the forward or the backward); gradients, the bias's included, by SDPA's own backward."""
+    b, nw, h, n, _ = q.shape
+    if cosine_scale is not None:  # Swin V2: cos(q_i, k_j) times the head's scale
+        q, k, scale = F.normalize(q, dim=-1) * cosine_scale.view(-1, 1, 1), F.normalize(k, dim=-1), 1.0
+    q, k, v = (t.reshape(b, nw * h, n, t.shape[-1]) for t in (q, k, v))  # (B, nW H, N, d)
+    mask = None if bias is None else bias.expand(nw, h, n, n).reshape(1, nw * h, n, n).to(q.dtype)  # (1, nW H, N, N)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p if training else 0.0,
+                                         scale=scale)  # (B, nW H, N, dv)
+    return out.view(b, nw, h, n, -1)  # (B, nW, H, N, dv)
+
+
 def _fusable(q: torch.Tensor, dropout_p: float, training: bool) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not (
         dropout_p > 0 and training
@@ -357,8 +383,9 @@ def window_attention(
     ``(B, nW, H, N, N)``. ``cosine_scale`` (``(H,)`` or ``(H, 1, 1)``) selects Swin V2's cosine
     attention: the scores are ``cos(q_i, k_j) * cosine_scale[h]`` (Swin V2 passes
     ``exp(min(logit_scale, log 100))``), and ``scale`` must then be left ``None``. ``fused=False``
-    runs the eager reference. Dropout on the attention weights (when ``training``) runs the
-    reference path: CPU SDPA kernels have no dropout.
+    runs the eager reference. Off the CPU (and on it for low precision or attention dropout in
+    training) the fused path is replaced: on CUDA by one SDPA call with windows x heads as its heads
+    and the bias as a mask broadcast over the batch (:func:`_sdpa_windows`), elsewhere by the reference.
 
     The fused path keeps q, k, v as given for the backward (pass views of the projections: nothing
     is copied), the bias and, with cosine attention, the norms of q and k (the normalised q and k
@@ -375,8 +402,10 @@ def window_attention(
     _check_bias(bias, nw, h, n)
     dropout_p = check_probability("dropout_p", dropout_p)
     scale, cosine_scale = _scales(scale, cosine_scale, h, d)
-    if not (check_bool("fused", fused) and _fusable(q, dropout_p, check_bool("training", training))):
+    if not check_bool("fused", fused):
         return _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)
+    if not _fusable(q, dropout_p, check_bool("training", training)):
+        return _unfused(q, k, v, bias, scale, cosine_scale, dropout_p, training)
     bias, cosine_scale = _fused_terms(bias, cosine_scale, q, h, n)
     return _WindowSDPA.apply(q, k, v, bias, scale, cosine_scale).transpose(2, 3)  # (B, nW, H, N, dv)
 
@@ -413,9 +442,11 @@ def projected_window_attention(
     _check_bias(bias, nw, heads, n)
     dropout_p = check_probability("dropout_p", dropout_p)
     scale, cosine_scale = _scales(scale, cosine_scale, heads, d)
-    if not (check_bool("fused", fused) and _fusable(x, dropout_p, check_bool("training", training))):
+    fused = check_bool("fused", fused)
+    if not (fused and _fusable(x, dropout_p, check_bool("training", training))):
         q, k, v = _project(x, params, heads)  # (B, nW, H, N, d)
-        out = _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training)  # (B, nW, H, N, dv)
+        attend = _unfused if fused else _reference
+        out = attend(q, k, v, bias, scale, cosine_scale, dropout_p, training)  # (B, nW, H, N, dv)
         return out.transpose(2, 3).flatten(3)  # (B, nW, N, H * dv)
     bias, cosine_scale = _fused_terms(bias, cosine_scale, x, heads, n)
     out = _ProjectedWindowSDPA.apply(x, *params, bias, scale, cosine_scale, heads)  # (B, nW, N, H, dv)
