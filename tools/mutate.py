@@ -210,6 +210,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-key-terms-keep-hidden-keys", "backends/_triton.py", "key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float(\"-inf\"))", "key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, 0.0)", "Triton, a key mask with holes: the hidden keys are attended to", "triton"),
     Mutant("triton-compiled-table-gradient-dropped", "backends/_triton.py", "bias_grad = bool(ctx.needs_input_grad[3]) and ctx.spec_args[0] == BIAS_OFFSETS", "bias_grad = False", "Triton under torch.compile: the table gets no gradient", "triton"),
     Mutant("triton-dropout-seed-ignored", "backends/_triton.py", "        seed = tl.load(SEED)\n", "        seed = 12345\n", "Triton dropout: the drawn seed is not read (every call drops the same weights)", "triton"),
+    Mutant("window-sdpa-mask-heads-first", "layers/window_attention.py", "mask = None if bias is None else bias.expand(nw, h, n, n).reshape(1, nw * h, n, n).to(q.dtype)", "mask = None if bias is None else bias.expand(nw, h, n, n).transpose(0, 1).reshape(1, nw * h, n, n).to(q.dtype)", "window attention's CUDA route: the mask laid out heads-major while q, k, v are windows-major", "fuzz_windows"),
     Mutant("fused-one-tile-bias-rows", "backends/_fused.py", "attn_mask=tile_bias(bias, tiles[0], query_length)", "attn_mask=tile_bias(bias, tiles[0], key.shape[-2])", "tile_forward's one-tile shortcut reads the bias view at the key length (wrong whenever Lq != Lk)", "fused_tile"),
 ]
 
