@@ -691,7 +691,15 @@ def _spec_args(spec: TritonSpec) -> tuple:
             spec.deterministic, spec.dropout_p)
 
 
-@torch.library.custom_op("relpos::triton_attention_fwd", mutates_args=())
+_SPEC_SCHEMA = ("int bias_kind, bool causal, float scale, int q_offset, int flat_lo, int flat_hi, bool has_flat, "
+                "bool deterministic, float dropout_p")  # the schemas are written out: no inference from annotations
+
+
+@torch.library.custom_op(
+    "relpos::triton_attention_fwd", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor values, Tensor slopes, Tensor? starts, Tensor? ends, Tensor? key_terms, "
+           f"Tensor? seed, {_SPEC_SCHEMA}) -> (Tensor, Tensor)",
+)
 def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor,
                 starts: torch.Tensor | None, ends: torch.Tensor | None, key_terms: torch.Tensor | None,
                 seed: torch.Tensor | None, bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int,
@@ -707,7 +715,12 @@ def _(q, k, v, values, slopes, starts, ends, key_terms, seed, *spec_args):
     return out, q.new_empty(q.shape[:3], dtype=torch.float32)  # (B, H, Lq)
 
 
-@torch.library.custom_op("relpos::triton_attention_bwd", mutates_args=())
+@torch.library.custom_op(
+    "relpos::triton_attention_bwd", mutates_args=(),
+    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor values, Tensor slopes, "
+           f"Tensor? starts, Tensor? ends, Tensor? key_terms, Tensor? seed, {_SPEC_SCHEMA}, bool bias_grad) "
+           "-> (Tensor, Tensor, Tensor, Tensor)",
+)
 def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, starts: torch.Tensor | None,
                  ends: torch.Tensor | None, key_terms: torch.Tensor | None, seed: torch.Tensor | None, bias_kind: int,
