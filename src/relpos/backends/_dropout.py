@@ -27,7 +27,7 @@ ROWS = 64  # query rows per generator
 
 def draw_seed() -> int:
     """One seed from torch's default (CPU) generator."""
-    return int(torch.randint(0, 2**62, (1,)).item())
+    return int(draw_seed_tensor("cpu").item())
 
 
 def draw_seed_tensor(device) -> torch.Tensor:

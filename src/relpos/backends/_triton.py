@@ -653,7 +653,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
 
 
 class _TritonAttention(torch.autograd.Function):
-    """Eager autograd: the kernels launched directly (:class:`_TritonOps` serves torch.compile)."""
+    """Eager autograd: the kernels launched directly (the custom ops below serve torch.compile)."""
 
     @staticmethod
     def forward(ctx, q, k, v, values, slopes, starts, ends, key_terms, seed, spec: TritonSpec):

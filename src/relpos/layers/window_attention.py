@@ -321,10 +321,17 @@ def _window_grads(q3, k3, v3, go3, bias, need_bias):
     return grad_q, grad_k, grad_v, grad_bias
 
 
+def _cosine(q, k, scale, cosine_scale):
+    """Swin V2's cosine attention as plain dot products: unit q (times the head's scale) and unit k, scale 1;
+    ``(q, k, scale)`` unchanged without a cosine scale."""
+    if cosine_scale is None:
+        return q, k, scale
+    return F.normalize(q, dim=-1) * cosine_scale.view(-1, 1, 1), F.normalize(k, dim=-1), 1.0
+
+
 def _reference(q, k, v, bias, scale, cosine_scale, dropout_p, training):
     """The eager formula, the oracle: (B, nW, H, N, d) with bias (nW | 1, H, N, N) broadcast over B."""
-    if cosine_scale is not None:  # Swin V2: cos(q_i, k_j) times the head's scale
-        q, k, scale = F.normalize(q, dim=-1) * cosine_scale.view(-1, 1, 1), F.normalize(k, dim=-1), 1.0
+    q, k, scale = _cosine(q, k, scale, cosine_scale)
     scores = (q @ k.transpose(-1, -2)) * scale  # (B, nW, H, N, N)
     if bias is not None:
         scores = scores + bias  # broadcast over the batch
@@ -349,8 +356,7 @@ def _sdpa_windows(q, k, v, bias, scale, cosine_scale, dropout_p, training):
     as one ``(1, nW H, N, N)`` mask in the inputs' dtype, broadcast over the batch (no ``(B, nW, H, N, N)`` scores
     in the forward or the backward); gradients, the bias's included, by SDPA's own backward."""
     b, nw, h, n, _ = q.shape
-    if cosine_scale is not None:  # Swin V2: cos(q_i, k_j) times the head's scale
-        q, k, scale = F.normalize(q, dim=-1) * cosine_scale.view(-1, 1, 1), F.normalize(k, dim=-1), 1.0
+    q, k, scale = _cosine(q, k, scale, cosine_scale)
     q, k, v = (t.reshape(b, nw * h, n, t.shape[-1]) for t in (q, k, v))  # (B, nW H, N, d)
     mask = None if bias is None else bias.expand(nw, h, n, n).reshape(1, nw * h, n, n).to(q.dtype)  # (1, nW H, N, N)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p if training else 0.0,

@@ -155,7 +155,9 @@ def _gpu_variants(q, k, v, ours, length: int, config: BenchConfig) -> dict[str, 
     if importlib.util.find_spec("triton") is not None:
         out["relpos_triton"] = lambda: relpos.attention(q, k, v, bias=ours, scale=SCALE, backend="triton")
     if config.flex:
-        flex = _compiled_flex_attention()
+        from ..backends._flex import _compiled_flex  # one compiled flex_attention per process, the backend's
+
+        flex = _compiled_flex()
         last = length - 1
 
         def hand_flex():
@@ -164,18 +166,6 @@ def _gpu_variants(q, k, v, ours, length: int, config: BenchConfig) -> dict[str, 
 
         out["hand_flex"] = hand_flex
     return out
-
-
-_FLEX = []
-
-
-def _compiled_flex_attention():
-    """``torch.compile(flex_attention)``, built once per process."""
-    if not _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _FLEX.append(torch.compile(flex_attention, dynamic=False))
-    return _FLEX[0]
 
 
 def _fits(variant: str, mode: str, batch: int, length: int, limit_gib: float) -> bool:
