@@ -12,8 +12,8 @@ gpu-kernel.json`` (rewritten atomically after every case) and ``gpu-kernel.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import os
 import platform
 import statistics
@@ -188,6 +188,17 @@ def relpos_route(q, k, v, bias, backend, **kw):
     return lambda: relpos.attention(q, k, v, bias=bias, backend=backend, **kw)
 
 
+def with_layout(one_loop: bool, fn):
+    """``fn`` with the forward's flat blocks in one loop or three (``_triton.FORWARD_ONE_LOOP``), restored after."""
+    def run():
+        before, _triton.FORWARD_ONE_LOOP = _triton.FORWARD_ONE_LOOP, one_loop
+        try:
+            return fn()
+        finally:
+            _triton.FORWARD_ONE_LOOP = before
+    return run
+
+
 # ------------------------------------------------------------------------------------------- cases
 def make_inputs(batch, heads, length, dim, *, grad):
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -216,6 +227,20 @@ def cases(batch, heads, length, dim):
             "relpos_triton": relpos_route(q, k, v, bias, "triton"),
             "relpos_sdpa": relpos_route(q, k, v, bias, "sdpa"),
             "hand_flex": hand_flex_vector(q, k, v, vec, causal=False),
+        }
+
+    def t5_anatomy():  # where a T5 term's forward cost comes from: each layout of the tiles, against no term
+        q, k, v = make_inputs(batch, heads, length, dim, grad=False)
+        offsets = t5(heads).offsets(length, length)  # flat beyond max_distance: most tiles add one scalar
+        every_tile_gathers = dataclasses.replace(offsets, flat=None)
+        constant = dataclasses.replace(offsets, values=torch.zeros_like(offsets.values), flat=(0, 0))
+        return {
+            "sdpa_no_bias": lambda: F.scaled_dot_product_attention(q, k, v),
+            "triton_no_bias": with_layout(True, relpos_route(q, k, v, None, "triton")),
+            "t5_one_loop": with_layout(True, relpos_route(q, k, v, offsets, "triton")),
+            "t5_split_loops": with_layout(False, relpos_route(q, k, v, offsets, "triton")),
+            "t5_every_tile_gathers": with_layout(True, relpos_route(q, k, v, every_tile_gathers, "triton")),
+            "flat_both_sides_one_loop": with_layout(True, relpos_route(q, k, v, constant, "triton")),
         }
 
     def t5_train():
@@ -256,6 +281,7 @@ def cases(batch, heads, length, dim):
         bias = relpos.ALiBi(heads, mode="symmetric").cuda()
         return {
             "sdpa_no_bias": lambda: F.scaled_dot_product_attention(q, k, v),
+            "triton_no_bias": relpos_route(q, k, v, None, "triton"),
             "relpos_triton": relpos_route(q, k, v, bias, "triton"),
             "relpos_sdpa": relpos_route(q, k, v, bias, "sdpa"),
             "hand_flex": hand_flex_alibi(q, k, v, bias.slopes, causal=False),
@@ -306,6 +332,7 @@ def cases(batch, heads, length, dim):
 
     return {
         "t5_forward": (False, t5_forward),
+        "t5_anatomy": (False, t5_anatomy),
         "t5_train": (True, t5_train),
         "causal_t5_forward": (False, causal_t5_forward),
         "causal_t5_train": (True, causal_t5_train),
@@ -319,9 +346,10 @@ def cases(batch, heads, length, dim):
 
 
 # ------------------------------------------------------------------------------------------- sweep
-SWEEP_FWD = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3)]
-SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
-SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
+SWEEP_FWD = [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+             (64, 64, 4, 4), (64, 32, 4, 3)]
+SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 2)]
+SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 2)]
 
 
 def sweep(batch, heads, length, dim, rounds) -> dict:
@@ -333,11 +361,16 @@ def sweep(batch, heads, length, dim, rounds) -> dict:
     fwd = {}
     for cfg in SWEEP_FWD:
         _triton.GPU_BLOCKS[64] = _triton._Blocks(cfg, base.dkdv, base.dq)
-        with torch.no_grad():
-            fwd[str(cfg)] = measure({"x": relpos_route(q.detach(), k.detach(), v.detach(), bias, "triton")},
-                                    train=False, rounds=rounds)["x"]["ms"]
-    best_fwd = min((c for c in SWEEP_FWD if fwd[str(c)] is not None), key=lambda c: fwd[str(c)])
+        for one_loop in (True, False):
+            with torch.no_grad():
+                run = with_layout(one_loop, relpos_route(q.detach(), k.detach(), v.detach(), bias, "triton"))
+                fwd[str((*cfg, one_loop))] = measure({"x": run}, train=False, rounds=rounds)["x"]["ms"]
+    timed_fwd = [(*c, one) for c in SWEEP_FWD for one in (True, False) if fwd[str((*c, one))] is not None]
+    winner = min(timed_fwd, key=lambda c: fwd[str(c)])
+    best_fwd, best_loop = winner[:4], winner[4]
+    _triton.FORWARD_ONE_LOOP = best_loop
     report["fwd"] = fwd
+    report["one_loop"] = best_loop
     best = {"dkdv": base.dkdv, "dq": base.dq}
     for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):
         times = {}
@@ -386,6 +419,9 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep-length", type=int, default=0, help="length of the tile sweep (default: the first)")
+    parser.add_argument("--throughput", type=int, default=0, help="after the cases, time each case's variants but "
+                        "FlexAttention again at the first length with N back-to-back calls per sample")
     parser.add_argument("--repeat", type=int, default=1, help="calls per timed sample (CPU runs ahead of the GPU)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler tables of the T5 and causal ALiBi "
                         "forwards (triton, sdpa, the floor) at the first length: where a call's time goes")
@@ -407,7 +443,8 @@ def main(argv=None):
     }
     path = os.path.join(args.out, "gpu-kernel.json")
     if args.sweep:
-        payload["sweep"] = sweep(args.batch, args.heads, lengths[0], args.dim, max(3, args.rounds // 2))
+        payload["sweep"] = sweep(args.batch, args.heads, args.sweep_length or lengths[0], args.dim,
+                                 max(3, args.rounds // 2))
         write_json(path, payload)
     try:
         payload["fold_accuracy"] = fold_accuracy(args.heads, lengths[0], args.dim)
@@ -455,6 +492,23 @@ def main(argv=None):
             floor = next(iter(res.values()))["ms"]
             summary = ", ".join(f"{n} {r['ms']:.3f}" if r["ms"] else f"{n} failed" for n, r in res.items())
             print(f"L={length} {case} ({time.time() - t0:.0f} s): {summary} | floor {floor}", flush=True)
+    if args.throughput:
+        REPEAT = args.throughput
+        payload["throughput"] = {"repeat": REPEAT, "length": lengths[0], "results": {}}
+        for case, (train, build) in cases(args.batch, args.heads, lengths[0], args.dim).items():
+            if wanted and case not in wanted:
+                continue
+            try:
+                with torch.enable_grad() if train else torch.no_grad():
+                    variants = {n: f for n, f in build().items() if "flex" not in n}
+                    res = measure(variants, train=train, rounds=args.rounds)
+            except Exception as error:  # noqa: BLE001
+                print(f"throughput {case}: {type(error).__name__}: {error}", flush=True)
+                continue
+            payload["throughput"]["results"][case] = res
+            write_json(path, payload)
+            print(f"throughput x{REPEAT} L={lengths[0]} {case}: "
+                  + ", ".join(f"{n} {r['ms']:.3f}" if r["ms"] else f"{n} failed" for n, r in res.items()), flush=True)
     with open(os.path.join(args.out, "gpu-kernel.md"), "w") as fh:
         fh.write(markdown(payload))
 

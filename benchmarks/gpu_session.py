@@ -1,6 +1,6 @@
 """One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only tests,kernel,t5,bloom,mpt] [--budget 540]
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,tests,t5,bloom,mpt] [--budget 540]
 
 GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
 its own time limit and never past ``--budget`` seconds in all; a step that fails or runs out of time
@@ -11,10 +11,12 @@ commit them with ``tools/bench_tables.py`` (docs/benchmarks/gpu/index.md says wh
 
 Steps:
 
+* ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes, the
+  FlashBias fold; the dropout training step; the anatomy of a T5 term's cost), after a tile sweep at L = 16384,
+  with ``--profile`` (torch.profiler's CPU and CUDA time per call at L = 4096, where the kernel's fixed per-call
+  cost goes) and ``--throughput 10`` (10 back-to-back calls per sample, as inside a model); FlexAttention
+  compiles per shape for 10-20 s, so its variants are left to a run with ``--flex-lengths 4096``;
 * ``tests``: ``pytest -m gpu`` (the Triton kernel at real sizes, dropout included; the models on CUDA);
-* ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes,
-  FlexAttention, the FlashBias fold; the dropout training step), with ``--profile``: torch.profiler's CPU and
-  CUDA time per call at L = 4096, where the kernel's fixed per-call cost goes;
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA).
 """
@@ -30,9 +32,10 @@ import tempfile
 import time
 
 STEPS = {  # name -> (seconds at most, command); run in this order
-    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
     "kernel": (270, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
-                     "--lengths", "4096,16384", "--profile"]),
+                     "--lengths", "4096,16384", "--sweep", "--sweep-length", "16384", "--profile", "--throughput", "10",
+                     "--flex-lengths", ""]),
+    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
     "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
                  "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                  "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",

@@ -51,22 +51,29 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # Kinds of tile: how the position term of a tile is computed (scores are kept in log2 units).
 # NONE: no term; SCALAR: one value for the whole tile (a flat range); GATHER: per-offset values;
 # COLUMN: causal ALiBi under causal attention, m * j alone (the row's -m * i cancels in its softmax);
-# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|.
-NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
+# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|; GATHER_OR_SCALAR: SCALAR or GATHER, chosen per
+# tile at run time (the forward's one loop over a row's unmasked key blocks).
+NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC, GATHER_OR_SCALAR = 0, 1, 2, 3, 4, 5, 6
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
 @triton.jit
-def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr):
+def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, flat=False):
     """Scores in log2 units: ``q.k * scale * log2(e)`` plus the position term (already times log2(e)).
 
-    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values."""
+    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values.
+    ``KIND == 6`` (GATHER_OR_SCALAR) decides per tile at run time: the scalar ``c`` where ``flat``, else gathered."""
     if KIND == 0:
         s = qk * qk_scale
     elif KIND == 1:
         s = qk * qk_scale + c
     elif KIND == 2:
         s = qk * qk_scale + tl.load(vals + (cols - rows))
+    elif KIND == 6:
+        if flat:
+            s = qk * qk_scale + c
+        else:
+            s = qk * qk_scale + tl.load(vals + (cols - rows))
     elif KIND == 3:
         s = qk * qk_scale + slope * cols.to(tl.float32)
     elif KIND == 4:
@@ -162,12 +169,12 @@ def _fwd_step(
     stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, flat=False,
 ):
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND, flat)
     if KEYBIAS:
         s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     if MASK:
@@ -192,7 +199,7 @@ def _fwd_kernel(
     H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seed = _seed(SEED, DROPOUT)
@@ -214,25 +221,34 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV_PAD], tl.float32)
-    if FLAT:
+    if FLAT and ONE_LOOP:  # every unmasked block in one loop, each tile flat or gathered at run time
         c_lo = tl.load(vals + t_lo - (Lq - 1))
-        for n0 in range(lo, e1, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    for n0 in range(e1, e2, BN):
-        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                  seed, rng_base, Lk, drop_t, kb_row,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1))
-        for n0 in range(e2, full, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
+        for n0 in range(lo, full, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, tl.where(n0 < e1, c_lo, c_hi), slope,
+                                      offs_m, offs_d, offs_dv, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row, D, DV, D_PAD, DV_PAD, 6, CAUSAL, False,
+                                      DROPOUT, KEYBIAS, BN, PRECISION, (n0 < e1) | (n0 >= e2))
+    else:  # flat low, gathered, flat high: a loop each
+        if FLAT:
+            c_lo = tl.load(vals + t_lo - (Lq - 1))
+            for n0 in range(lo, e1, BN):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
+                                          n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+        for n0 in range(e1, e2, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                       n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+        if FLAT:
+            c_hi = tl.load(vals + t_hi - (Lq - 1))
+            for n0 in range(e2, full, BN):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
+                                          n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                   n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
@@ -534,6 +550,10 @@ GPU_BLOCKS: dict[int, _Blocks] = {
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
     256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
 }
+#: The forward's unmasked key blocks of a flat bias (T5, clipped) in one loop that decides per tile between the
+#: range's scalar and the gather (True), or in three loops, one per kind (False). Under measurement on an H100
+#: (benchmarks/gpu_kernel.py, case t5_anatomy); both are tested under the interpreter.
+FORWARD_ONE_LOOP = True
 INTERPRETER_BLOCKS = _Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))  # many tiles at test sizes
 
 
@@ -604,7 +624,8 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
         heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
         D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
         CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
+        KEYBIAS=key_terms is not None, ONE_LOOP=FORWARD_ONE_LOOP, num_warps=warps, num_stages=stages,
+        **_dropout_args(spec, seed),
     )
     return out, lse
 
