@@ -188,17 +188,6 @@ def relpos_route(q, k, v, bias, backend, **kw):
     return lambda: relpos.attention(q, k, v, bias=bias, backend=backend, **kw)
 
 
-def with_layout(one_loop: bool, fn):
-    """``fn`` with the forward's flat blocks in one loop or three (``_triton.FORWARD_ONE_LOOP``), restored after."""
-    def run():
-        before, _triton.FORWARD_ONE_LOOP = _triton.FORWARD_ONE_LOOP, one_loop
-        try:
-            return fn()
-        finally:
-            _triton.FORWARD_ONE_LOOP = before
-    return run
-
-
 # ------------------------------------------------------------------------------------------- cases
 def make_inputs(batch, heads, length, dim, *, grad):
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -229,18 +218,17 @@ def cases(batch, heads, length, dim):
             "hand_flex": hand_flex_vector(q, k, v, vec, causal=False),
         }
 
-    def t5_anatomy():  # where a T5 term's forward cost comes from: each layout of the tiles, against no term
+    def t5_anatomy():  # where a T5 term's forward cost comes from, against no term
         q, k, v = make_inputs(batch, heads, length, dim, grad=False)
         offsets = t5(heads).offsets(length, length)  # flat beyond max_distance: most tiles add one scalar
         every_tile_gathers = dataclasses.replace(offsets, flat=None)
         constant = dataclasses.replace(offsets, values=torch.zeros_like(offsets.values), flat=(0, 0))
         return {
             "sdpa_no_bias": lambda: F.scaled_dot_product_attention(q, k, v),
-            "triton_no_bias": with_layout(True, relpos_route(q, k, v, None, "triton")),
-            "t5_one_loop": with_layout(True, relpos_route(q, k, v, offsets, "triton")),
-            "t5_split_loops": with_layout(False, relpos_route(q, k, v, offsets, "triton")),
-            "t5_every_tile_gathers": with_layout(True, relpos_route(q, k, v, every_tile_gathers, "triton")),
-            "flat_both_sides_one_loop": with_layout(True, relpos_route(q, k, v, constant, "triton")),
+            "triton_no_bias": relpos_route(q, k, v, None, "triton"),
+            "t5": relpos_route(q, k, v, offsets, "triton"),
+            "t5_every_tile_gathers": relpos_route(q, k, v, every_tile_gathers, "triton"),
+            "flat_both_sides": relpos_route(q, k, v, constant, "triton"),
         }
 
     def t5_train():
@@ -346,42 +334,31 @@ def cases(batch, heads, length, dim):
 
 
 # ------------------------------------------------------------------------------------------- sweep
-SWEEP_FWD = [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-             (64, 64, 4, 4), (64, 32, 4, 3)]
-SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 2)]
-SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 2)]
+SWEEP_FWD = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
+SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
+SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
 
 def sweep(batch, heads, length, dim, rounds) -> dict:
-    """Time tile configurations on the T5 forward and training step; keep the fastest of each kernel."""
+    """Time tile configurations: the forward with no term and with T5's flat ranges, the T5 training step's
+    two backward kernels; keep the fastest of each (``_triton.GPU_BLOCKS[64]``)."""
     q, k, v = make_inputs(batch, heads, length, dim, grad=True)
     bias = t5(heads, grad=True)
-    base = _triton.GPU_BLOCKS[64]
+    best = dataclasses.asdict(_triton.GPU_BLOCKS[64])
     report = {}
-    fwd = {}
-    for cfg in SWEEP_FWD:
-        _triton.GPU_BLOCKS[64] = _triton._Blocks(cfg, base.dkdv, base.dq)
-        for one_loop in (True, False):
-            with torch.no_grad():
-                run = with_layout(one_loop, relpos_route(q.detach(), k.detach(), v.detach(), bias, "triton"))
-                fwd[str((*cfg, one_loop))] = measure({"x": run}, train=False, rounds=rounds)["x"]["ms"]
-    timed_fwd = [(*c, one) for c in SWEEP_FWD for one in (True, False) if fwd[str((*c, one))] is not None]
-    winner = min(timed_fwd, key=lambda c: fwd[str(c)])
-    best_fwd, best_loop = winner[:4], winner[4]
-    _triton.FORWARD_ONE_LOOP = best_loop
-    report["fwd"] = fwd
-    report["one_loop"] = best_loop
-    best = {"dkdv": base.dkdv, "dq": base.dq}
-    for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):
+    forwards = (("fwd", None), ("fwd_flat", bias))
+    backwards = (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ))
+    for kernel, configs, train, term in [(n, SWEEP_FWD, False, b) for n, b in forwards] + [(n, c, True, bias) for n, c in backwards]:
         times = {}
         for cfg in configs:
-            trial = dict(best, **{kernel: cfg})
-            _triton.GPU_BLOCKS[64] = _triton._Blocks(best_fwd, trial["dkdv"], trial["dq"])
-            times[str(cfg)] = measure({"x": relpos_route(q, k, v, bias, "triton")}, train=True, rounds=rounds)["x"]["ms"]
+            _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **{kernel: cfg}))
+            with torch.enable_grad() if train else torch.no_grad():
+                run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton")
+                times[str(cfg)] = measure({"x": run}, train=train, rounds=rounds)["x"]["ms"]
         best[kernel] = min((c for c in configs if times[str(c)] is not None), key=lambda c: times[str(c)])
         report[kernel] = times
-    _triton.GPU_BLOCKS[64] = _triton._Blocks(best_fwd, best["dkdv"], best["dq"])
-    report["chosen"] = {"fwd": best_fwd, "dkdv": best["dkdv"], "dq": best["dq"]}
+    _triton.GPU_BLOCKS[64] = _triton._Blocks(**best)
+    report["chosen"] = best
     print("sweep:", json.dumps(report), flush=True)
     return report
 

@@ -1,6 +1,7 @@
 """One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,tests,t5,bloom,mpt] [--budget 540]
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests] [--budget 540]
+        [--limits kernel=120,t5=150] [--kernel-cases t5_forward,alibi_forward]
 
 GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
 its own time limit and never past ``--budget`` seconds in all; a step that fails or runs out of time
@@ -12,13 +13,14 @@ commit them with ``tools/bench_tables.py`` (docs/benchmarks/gpu/index.md says wh
 Steps:
 
 * ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes, the
-  FlashBias fold; the dropout training step; the anatomy of a T5 term's cost), after a tile sweep at L = 16384,
-  with ``--profile`` (torch.profiler's CPU and CUDA time per call at L = 4096, where the kernel's fixed per-call
-  cost goes) and ``--throughput 10`` (10 back-to-back calls per sample, as inside a model); FlexAttention
-  compiles per shape for 10-20 s, so its variants are left to a run with ``--flex-lengths 4096``;
-* ``tests``: ``pytest -m gpu`` (the Triton kernel at real sizes, dropout included; the models on CUDA);
+  FlashBias fold, hand-written FlexAttention at 4096; the dropout training step; the anatomy of a T5 term's
+  cost), with ``--profile`` (torch.profiler's CPU and CUDA time per call at L = 4096) and ``--throughput 10``
+  (10 back-to-back calls per sample, as inside a model); ``--kernel-cases`` keeps some cases (FlexAttention
+  compiles per shape for 10-20 s, so all cases take about 250 s);
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
-  (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA).
+  (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
+* ``tests``: ``pytest -m gpu -v`` (the models on CUDA first, then the Triton kernel at real sizes, dropout
+  included), each test's name and result in the log as it finishes.
 """
 
 from __future__ import annotations
@@ -33,9 +35,8 @@ import time
 
 STEPS = {  # name -> (seconds at most, command); run in this order
     "kernel": (270, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
-                     "--lengths", "4096,16384", "--sweep", "--sweep-length", "16384", "--profile", "--throughput", "10",
-                     "--flex-lengths", ""]),
-    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
+                     "--lengths", "4096,16384", "--profile", "--throughput", "10", "--flex-lengths", "4096",
+                     "--cases", "{kernel_cases}"]),
     "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
                  "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                  "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
@@ -48,6 +49,8 @@ STEPS = {  # name -> (seconds at most, command); run in this order
                  "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
                  "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
                  "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
+    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "tests/hf/test_hf_cuda.py",
+                    "tests/backends/test_triton_gpu.py", "tests"]),  # the models first: file order otherwise
 }
 
 
@@ -88,7 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for every result and log (created)")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps, among {', '.join(STEPS)}")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for all steps together (default 540)")
+    parser.add_argument("--limits", default="", help="per-step seconds replacing the defaults, e.g. kernel=120,t5=150")
+    parser.add_argument("--kernel-cases", default="", help="the kernel step's --cases (default: every case)")
     args = parser.parse_args(argv)
+    try:
+        limits = {name: float(sec) for name, sec in (item.split("=") for item in args.limits.split(",") if item)}
+    except ValueError:
+        parser.error(f"--limits must read STEP=SECONDS,...; got {args.limits!r}")
+    if set(limits) - set(STEPS) or any(sec <= 0 for sec in limits.values()):
+        parser.error(f"--limits must name steps among {', '.join(STEPS)} with positive seconds; got {args.limits!r}")
     wanted = [s for s in args.only.split(",") if s]
     unknown = sorted(set(wanted) - set(STEPS))
     if unknown:
@@ -103,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.budget
     for name in (s for s in STEPS if s in wanted):
         limit, template = STEPS[name]
+        limit = limits.get(name, limit)
         left = deadline - time.time()
         if left < 20:
             session["steps"][name] = {"status": "not run: the budget was spent", "seconds": 0}
             continue
-        command = [part.format(out=args.out) for part in template]
+        command = [part.format(out=args.out, kernel_cases=args.kernel_cases) for part in template]
         session["steps"][name] = run_step(name, min(limit, left), command, args.out)
         write_json(os.path.join(args.out, "session.json"), session)
     write_json(os.path.join(args.out, "session.json"), session)

@@ -189,14 +189,11 @@ def test_low_precision_within_the_dtype_error_of_sdpa(dtype):
     assert our_error <= 2 * eager_error + 1e-3, (our_error, eager_error)
 
 
-@pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "split-loops"])
 @pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
-def test_flat_tiles_add_one_scalar_and_train_the_far_bucket(causal, padded, one_loop, monkeypatch):
+def test_flat_tiles_add_one_scalar_and_train_the_far_bucket(causal, padded):
     """T5 with max_distance 4 at L = 80: most tiles lie beyond the last bucket on one side or the other
     (the forward, dq and dk/dv loops each split their blocks into flat, gathered and masked runs); every
-    output and gradient, the far buckets' included (those tiles send theirs to one entry), equals fp64.
-    The forward's two layouts of those blocks (``FORWARD_ONE_LOOP``) both."""
-    monkeypatch.setattr(_triton, "FORWARD_ONE_LOOP", one_loop)
+    output and gradient, the far buckets' included (those tiles send theirs to one entry), equals fp64."""
     bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=4))
     offsets = bias.offsets(80, 80)
     assert offsets.flat == (-4, 4) and offsets.flat_indices() == (75, 83)
@@ -263,12 +260,10 @@ def test_auto_never_picks_the_interpreter_on_cpu():
     assert choice.backend != "triton" and "CUDA kernel" in choice.rejected["triton"]
 
 
-@pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "split-loops"])
 @pytest.mark.parametrize("radius", [2, 18])
-def test_clipped_blocks_on_the_edge_of_the_flat_range(radius, one_loop, monkeypatch):
+def test_clipped_blocks_on_the_edge_of_the_flat_range(radius):
     """Clipped biases whose flat range starts exactly one offset past a 16-key block's last diagonal
     (R = 2 and 18 with the interpreter's 16 x 16 tiles): that block has a value of its own and must gather."""
-    monkeypatch.setattr(_triton, "FORWARD_ONE_LOOP", one_loop)
     bias = strong(relpos.ClippedRelativeBias(H, max_distance=radius))
     q, k, v = qkv(2, 80, 80, seed=5)
     exact = [t.double().requires_grad_() for t in (q, k, v)]

@@ -43,6 +43,7 @@ __all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # inside the kernels: the position term is stored in natural units, scaled on load
 
 BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 
@@ -51,29 +52,23 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # Kinds of tile: how the position term of a tile is computed (scores are kept in log2 units).
 # NONE: no term; SCALAR: one value for the whole tile (a flat range); GATHER: per-offset values;
 # COLUMN: causal ALiBi under causal attention, m * j alone (the row's -m * i cancels in its softmax);
-# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|; GATHER_OR_SCALAR: SCALAR or GATHER, chosen per
-# tile at run time (the forward's one loop over a row's unmasked key blocks).
-NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC, GATHER_OR_SCALAR = 0, 1, 2, 3, 4, 5, 6
+# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|.
+NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
 @triton.jit
-def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, flat=False):
-    """Scores in log2 units: ``q.k * scale * log2(e)`` plus the position term (already times log2(e)).
+def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr):
+    """Scores in log2 units: ``q.k * scale * log2(e)`` plus the position term (``c`` and ``slope`` already times
+    log2(e); gathered values times log2(e) here).
 
-    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values.
-    ``KIND == 6`` (GATHER_OR_SCALAR) decides per tile at run time: the scalar ``c`` where ``flat``, else gathered."""
+    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values."""
     if KIND == 0:
         s = qk * qk_scale
     elif KIND == 1:
         s = qk * qk_scale + c
     elif KIND == 2:
-        s = qk * qk_scale + tl.load(vals + (cols - rows))
-    elif KIND == 6:
-        if flat:
-            s = qk * qk_scale + c
-        else:
-            s = qk * qk_scale + tl.load(vals + (cols - rows))
+        s = qk * qk_scale + tl.load(vals + (cols - rows)) * _LOG2E
     elif KIND == 3:
         s = qk * qk_scale + slope * cols.to(tl.float32)
     elif KIND == 4:
@@ -169,12 +164,12 @@ def _fwd_step(
     stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
-    PRECISION: tl.constexpr, flat=False,
+    PRECISION: tl.constexpr,
 ):
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND, flat)
+    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
     if KEYBIAS:
         s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     if MASK:
@@ -199,7 +194,7 @@ def _fwd_kernel(
     H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, ONE_LOOP: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seed = _seed(SEED, DROPOUT)
@@ -213,7 +208,7 @@ def _fwd_kernel(
     vals = VALS + h * stride_vals + (Lq - 1)  # offset 0 of this head's values
     slope = 0.0
     if MAIN >= 3:
-        slope = tl.load(SLOPES + h)
+        slope = tl.load(SLOPES + h) * _LOG2E
     rng_base = pid_bh.to(tl.int64) * Lq * Lk  # dropout's counters of this (example, head)
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
@@ -221,34 +216,25 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV_PAD], tl.float32)
-    if FLAT and ONE_LOOP:  # every unmasked block in one loop, each tile flat or gathered at run time
-        c_lo = tl.load(vals + t_lo - (Lq - 1))
-        c_hi = tl.load(vals + t_hi - (Lq - 1))
-        for n0 in range(lo, full, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, tl.where(n0 < e1, c_lo, c_hi), slope,
-                                      offs_m, offs_d, offs_dv, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row, D, DV, D_PAD, DV_PAD, 6, CAUSAL, False,
-                                      DROPOUT, KEYBIAS, BN, PRECISION, (n0 < e1) | (n0 >= e2))
-    else:  # flat low, gathered, flat high: a loop each
-        if FLAT:
-            c_lo = tl.load(vals + t_lo - (Lq - 1))
-            for n0 in range(lo, e1, BN):
-                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                          n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-        for n0 in range(e1, e2, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+    if FLAT:
+        c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
+        for n0 in range(lo, e1, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
                                       n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-        if FLAT:
-            c_hi = tl.load(vals + t_hi - (Lq - 1))
-            for n0 in range(e2, full, BN):
-                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                          n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+    for n0 in range(e1, e2, BN):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                  seed, rng_base, Lk, drop_t, kb_row,
+                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+    if FLAT:
+        c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
+        for n0 in range(e2, full, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
+                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                   n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
@@ -360,7 +346,7 @@ def _dkdv_kernel(
         h = hk * GROUP + g
         slope = 0.0
         if MAIN >= 3:
-            slope = tl.load(SLOPES + h)
+            slope = tl.load(SLOPES + h) * _LOG2E
         vals = VALS + h * stride_vals + (Lq - 1)
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_db + h * stride_dh
@@ -376,7 +362,7 @@ def _dkdv_kernel(
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
-            c_hi = tl.load(vals + t_hi - (Lq - 1))
+            c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
             for m0 in range(u0, f1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
@@ -388,7 +374,7 @@ def _dkdv_kernel(
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
-            c_lo = tl.load(vals + t_lo - (Lq - 1))
+            c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
             for m0 in range(f2, u1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                     offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
@@ -486,13 +472,13 @@ def _dq_kernel(
     kb_row = KB + b * stride_kbb + h * stride_kbh
     slope = 0.0
     if MAIN >= 3:
-        slope = tl.load(SLOPES + h)
+        slope = tl.load(SLOPES + h) * _LOG2E
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     dq = tl.zeros([BM, D_PAD], tl.float32)
     diagonals = BIAS_GRAD and MAIN == 2
     if FLAT:
-        c_lo = tl.load(vals + t_lo - (Lq - 1))
+        c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
         lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
         for n0 in range(lo, e1, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
@@ -508,7 +494,7 @@ def _dq_kernel(
                             D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
                             PRECISION)
     if FLAT:
-        c_hi = tl.load(vals + t_hi - (Lq - 1))
+        c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
         hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
         for n0 in range(e2, full, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, slope, offs_m, offs_d, offs_dv,
@@ -538,22 +524,24 @@ class _Blocks:
     fwd: tuple[int, int, int, int]  # BM, BN, warps, stages
     dkdv: tuple[int, int, int, int]
     dq: tuple[int, int, int, int]
+    fwd_flat: tuple[int, int, int, int] | None = None  # the forward of a flat bias (its blocks in three loops); fwd if None
+
+    def forward(self, flat: bool) -> tuple[int, int, int, int]:
+        return self.fwd_flat if flat and self.fwd_flat is not None else self.fwd
 
 
-#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64: the fastest of
-#: ``benchmarks/gpu_kernel.py --sweep`` on an H100 (T5 bias, bf16, B=4, H=16, L=4096; docs/benchmarks/gpu/kernel.md):
-#: forward 64 x 64 1.54 ms against 128 x 64 2.10 and 64 x 128 1.99 (128 x 128 with 8 warps did not fit);
-#: dk/dv 32 x 128 5.96 ms against 64 x 64 6.28; dq 64 x 64 5.31 ms against 64 x 32 5.73 (training steps).
-#: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here).
+#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64, measured on an H100 (bf16, B=4, H=16;
+#: ``benchmarks/gpu_kernel.py --sweep``, docs/benchmarks/gpu/kernel.md): forward with no flat range 64 x 64 (at
+#: L = 4096 1.54 ms against 128 x 64 2.10 and 64 x 128 1.99; at L = 16384 10.4 ms with no term against 12.0 for
+#: 64 x 32); forward of a flat bias (T5, L = 16384) 64 x 32 12.7 ms against 64 x 64 13.2, 128 x 64 x 8 warps 14.2,
+#: 128 x 128 x 8 warps 14.4; dk/dv 32 x 128 53.6 ms against 64 x 64 55.4 (training steps at L = 16384);
+#: dq 64 x 64 55.6 ms against 128 x 64 56.5 and 64 x 32 57.9. Larger head dimensions keep the fused-attention
+#: tutorial's shapes (not measured here).
 GPU_BLOCKS: dict[int, _Blocks] = {
-    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3)),
+    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_flat=(64, 32, 4, 3)),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
     256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
 }
-#: The forward's unmasked key blocks of a flat bias (T5, clipped) in one loop that decides per tile between the
-#: range's scalar and the gather (True), or in three loops, one per kind (False). Under measurement on an H100
-#: (benchmarks/gpu_kernel.py, case t5_anatomy); both are tested under the interpreter.
-FORWARD_ONE_LOOP = True
 INTERPRETER_BLOCKS = _Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1))  # many tiles at test sizes
 
 
@@ -604,8 +592,9 @@ def _main_kind(spec: TritonSpec) -> int:
 
 
 def _padded_values(values: torch.Tensor) -> torch.Tensor:
-    """(Hb, PAD + n + PAD) fp32 values times log2(e): tiles read past either end without a bounds mask."""
-    return torch.nn.functional.pad(values.float() * LOG2E, (PAD, PAD))
+    """(Hb, PAD + n + PAD) fp32 values: tiles read past either end without a bounds mask (one launch; the
+    kernels scale by log2(e) as they load)."""
+    return torch.nn.functional.pad(values.float(), (PAD, PAD))
 
 
 def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec: TritonSpec):
@@ -613,7 +602,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    bm, bn, warps, stages = _blocks(dim, q.device).fwd
+    bm, bn, warps, stages = _blocks(dim, q.device).forward(spec.flat is not None)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
@@ -624,8 +613,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
         heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
         D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
         CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-        KEYBIAS=key_terms is not None, ONE_LOOP=FORWARD_ONE_LOOP, num_warps=warps, num_stages=stages,
-        **_dropout_args(spec, seed),
+        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
     )
     return out, lse
 
@@ -838,7 +826,7 @@ def triton_attention(
     if key_ranges is not None:
         starts = torch.tensor(key_ranges[0], device=device, dtype=torch.int32)  # (B,)
         ends = torch.tensor(key_ranges[1], device=device, dtype=torch.int32)
-    slopes = (slopes.float() * LOG2E).contiguous()  # (H,) in log2 units, as the scores
+    slopes = slopes.float().contiguous()  # (H,): the kernels scale by log2(e) as they load
     key_terms = None
     if key_mask is not None:
         key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float("-inf"))[:, None]  # (B, 1, Lk)
