@@ -346,7 +346,7 @@ def sweep(batch, heads, length, dim, rounds) -> dict:
     bias = t5(heads, grad=True)
     best = dataclasses.asdict(_triton.GPU_BLOCKS[64])
     report = {}
-    forwards = (("fwd", None), ("fwd_flat", bias))
+    forwards = (("fwd", None), ("fwd_offsets", bias))
     backwards = (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ))
     for kernel, configs, train, term in [(n, SWEEP_FWD, False, b) for n, b in forwards] + [(n, c, True, bias) for n, c in backwards]:
         times = {}

@@ -119,8 +119,9 @@ TABLES: list[Table] = [
     *_same_name("attention", ["forward", "train", "real", "causal"], attention_tables),
     Table("attention/bias-build.md", "attention/bias-build.json", bias_build_table),
     *_same_name("gpu", ["attention"], attention_tables),
-    *_same_name("gpu", ["t5"], model_tables),
+    *_same_name("gpu", ["t5", "bloom", "mpt"], model_tables),
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
+    Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *_same_name("t5-family", [
         "t5", "t5-target", "t5-layer", "umt5-target", "switch_transformers", "switch_transformers-grid",
         "longt5-quiet", "longt5-tglobal-quiet", "longt5-grid-forward", "longt5-grid-generate", "longt5-grid-train",
@@ -307,8 +308,13 @@ DESCRIPTIONS: dict[str, str] = {
     "attention/causal.md": "a second run of the causal rows, 5 rounds",
     "attention/bias-build.md": "building the T5 bias: transformers' `compute_bias` against relpos per offset",
     "gpu/attention.md": "`relpos bench` on an H200, bf16: the routes `auto` took before the Triton kernel",
-    "gpu/t5.md": "a 2-layer T5 model on an H100, bf16, against transformers",
-    "gpu/kernel-tables.md": "the Triton kernel on an H100 against no position term, the earlier routes, FlexAttention and the FlashBias fold",
+    "gpu/t5.md": "a 2-layer T5 model on an H100, bf16, against transformers, compiled static-cache generation included",
+    "gpu/kernel-tables.md": "the Triton kernel on an H100 against no position term, the earlier routes, FlexAttention and the "
+                            "FlashBias fold (forwards, with the current tiles)",
+    "gpu/kernel-sweep-tables.md": "the Triton kernel on an H100: the tile sweep and every case, training, dropout and padding "
+                                  "included (one tile shape for every forward)",
+    "gpu/bloom.md": "a 2-layer Bloom model on an H100, bf16, against transformers (forward only: training crashed)",
+    "gpu/mpt.md": "a 2-layer MPT model on an H100, bf16, against transformers (forward only: training crashed)",
     "t5-family/t5.md": "T5: the grid, L 512 to 4096, B 1 and 4",
     "t5-family/t5-target.md": "T5: the target point, L 2048, B 2",
     "t5-family/t5-static.md": "T5: greedy generation with the dynamic and the static cache (uncompiled, CPU), L 512 and 1024",
@@ -436,8 +442,9 @@ _VISION = [
 
 _GPU = [
     Claim("GPU (H100, bf16): a T5 bias in relpos's Triton kernel against attention with no position term "
-          "(forward / training, L = 16384)", "gpu/kernel-tables.md",
-          lambda p: f"{_kernel(p, 't5_forward')} / {_kernel(p, 't5_train')} the time"),
+          "(forward, L = 16384)", "gpu/kernel-tables.md", lambda p: f"{_kernel(p, 't5_forward')} the time"),
+    Claim("GPU (H100, bf16): a T5 table's training step in relpos's Triton kernel against attention with no position "
+          "term (L = 16384)", "gpu/kernel-sweep-tables.md", lambda p: f"{_kernel(p, 't5_train')} the time"),
     Claim("GPU (H200, bf16): transformers' T5 attention (sdpa) against relpos (forward, L = 16384, B = 1)", "gpu/attention.md",
           lambda r: f"{x(ratio(r, ('forward', 1, 16384), 'hf_sdpa', 'relpos_sdpa'))} relpos's time; peak memory "
           f"{_peak(r, ('forward', 1, 16384), 'relpos_sdpa'):.0f} against {_peak(r, ('forward', 1, 16384), 'hf_sdpa'):.0f} MiB"),

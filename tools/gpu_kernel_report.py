@@ -54,9 +54,34 @@ def errors(payload: dict) -> str:
 def sweep(payload: dict) -> str:
     s = payload.get("sweep") or {}
     lines = ["| kernel | (BM, BN, warps, stages): ms |", "|---|---|"]
-    for kernel in ("fwd", "dkdv", "dq"):
-        cells = ", ".join(f"{cfg}: {'failed' if ms is None else f'{ms:.2f}'}" for cfg, ms in s.get(kernel, {}).items())
+    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq"):
+        if kernel not in s:
+            continue
+        cells = ", ".join(f"{cfg}: {'failed' if ms is None else f'{ms:.2f}'}" for cfg, ms in s[kernel].items())
         lines.append(f"| {kernel} | {cells} |")
+    return "\n".join(lines)
+
+
+def throughput(payload: dict) -> str:
+    """``--throughput N``: every variant but FlexAttention again, N back-to-back calls per sample (the CPU runs ahead)."""
+    t = payload.get("throughput")
+    if not t:
+        return "(not measured in this run)"
+    lines = [f"{t['repeat']} calls per sample, L = {t['length']}; ms per call, x the case's floor:", ""]
+    for case, res in t["results"].items():
+        floor = next(iter(res.values()))["ms"]
+        cells = ", ".join(f"{name} {_ms(r)}" + (f" ({r['ms'] / floor:.2f}x)" if r.get("ms") and floor else "")
+                          for name, r in res.items())
+        lines.append(f"- {case}: {cells}")
+    return "\n".join(lines)
+
+
+def profile(payload: dict) -> str:
+    rows = payload.get("profile")
+    if not rows:
+        return "(not measured in this run)"
+    lines = ["| case / variant | CUDA time per call (us, every kernel) |", "|---|---|"]
+    lines += [f"| {key} | {r['cuda_us_per_call']:.0f} |" for key, r in rows.items()]
     return "\n".join(lines)
 
 
@@ -78,8 +103,11 @@ def report(payload: dict) -> str:
         "### Headline\n\n" + headline(payload) + "\n",
         "### Correctness of the forward routes (max |error| against fp32 attention with the dense bias, L = "
         f"{payload['lengths'][0]}, bf16 inputs)\n\n" + errors(payload) + "\n",
-        "### Tile sweep (T5 bias, first length; forward alone, dk/dv and dq as training steps)\n\n" + sweep(payload) + "\n",
-        "### Every variant (ms, x the case's floor)\n\n" + all_variants(payload),
+        "### Tile sweep (forward alone: no term (fwd) and T5 (fwd_offsets, or fwd where the run had one shape); dk/dv "
+        "and dq as T5 training steps)\n\n" + (sweep(payload) if payload.get("sweep") else "(no sweep in this run)") + "\n",
+        "### Every variant, one call per sample (ms, x the case's floor)\n\n" + all_variants(payload) + "\n",
+        "### Back-to-back calls\n\n" + throughput(payload) + "\n",
+        "### Profile of one call (torch.profiler, first length)\n\n" + profile(payload),
     ]) + "\n"
 
 

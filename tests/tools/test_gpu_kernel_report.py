@@ -20,7 +20,10 @@ PAYLOAD = {
         "alibi_forward": {"sdpa_no_bias": {"ms": 2.0}, "relpos_triton": {"ms": 3.0}, "hand_flex": {"ms": None}},
     }},
     "route_errors": {"t5/triton": 0.001, "t5/sdpa": 0.002}, "fold_accuracy": {"relpos_triton": 0.01},
-    "sweep": {"fwd": {"(64, 64, 4, 3)": 1.5, "(128, 128, 8, 3)": None}},
+    "sweep": {"fwd": {"(64, 64, 4, 3)": 1.5, "(128, 128, 8, 3)": None}, "fwd_offsets": {"(64, 32, 4, 3)": 1.25}},
+    "throughput": {"repeat": 10, "length": 4096, "results": {
+        "t5_forward": {"sdpa_no_bias": {"ms": 0.5}, "relpos_triton": {"ms": 0.8}}}},
+    "profile": {"t5_forward/relpos_triton": {"cuda_us_per_call": 917.7, "cpu_us_per_call": 1.0}},
 }
 
 
@@ -30,6 +33,10 @@ def test_ratios_and_verdicts_follow_the_numbers():
     assert "| alibi_forward | 4096 | 2.00 | 3.00 | 1.50 | 1.15 (missed) | - | - | - |" in table
     assert "(128, 128, 8, 3): failed" in report.sweep(PAYLOAD)
     assert "| t5 | 0.0010 | 0.0020 |" in report.errors(PAYLOAD)
+    assert "| fwd_offsets | (64, 32, 4, 3): 1.25 |" in report.sweep(PAYLOAD)
+    assert "- t5_forward: sdpa_no_bias 0.50 (1.00x), relpos_triton 0.80 (1.60x)" in report.throughput(PAYLOAD)
+    assert "| t5_forward/relpos_triton | 918 |" in report.profile(PAYLOAD)
+    assert "not measured" in report.throughput({}) and "not measured" in report.profile({})
 
 
 def test_the_committed_tables_are_what_the_committed_json_gives():

@@ -524,21 +524,21 @@ class _Blocks:
     fwd: tuple[int, int, int, int]  # BM, BN, warps, stages
     dkdv: tuple[int, int, int, int]
     dq: tuple[int, int, int, int]
-    fwd_flat: tuple[int, int, int, int] | None = None  # the forward of a flat bias (its blocks in three loops); fwd if None
+    fwd_offsets: tuple[int, int, int, int] | None = None  # the forward that reads per-offset values; fwd if None
 
-    def forward(self, flat: bool) -> tuple[int, int, int, int]:
-        return self.fwd_flat if flat and self.fwd_flat is not None else self.fwd
+    def forward(self, offsets: bool) -> tuple[int, int, int, int]:
+        return self.fwd_offsets if offsets and self.fwd_offsets is not None else self.fwd
 
 
-#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64, measured on an H100 (bf16, B=4, H=16;
-#: ``benchmarks/gpu_kernel.py --sweep``, docs/benchmarks/gpu/kernel.md): forward with no flat range 64 x 64 (at
-#: L = 4096 1.54 ms against 128 x 64 2.10 and 64 x 128 1.99; at L = 16384 10.4 ms with no term against 12.0 for
-#: 64 x 32); forward of a flat bias (T5, L = 16384) 64 x 32 12.7 ms against 64 x 64 13.2, 128 x 64 x 8 warps 14.2,
-#: 128 x 128 x 8 warps 14.4; dk/dv 32 x 128 53.6 ms against 64 x 64 55.4 (training steps at L = 16384);
-#: dq 64 x 64 55.6 ms against 128 x 64 56.5 and 64 x 32 57.9. Larger head dimensions keep the fused-attention
-#: tutorial's shapes (not measured here).
+#: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64, measured on an H100 (bf16, B=4, H=16,
+#: forward; ``benchmarks/gpu_kernel.py``, docs/benchmarks/gpu/kernel.md). No term or a closed form (ALiBi): 64 x 64
+#: (no term at L = 16384: 10.3 ms against 11.9 for 64 x 32). Per-offset values: 64 x 32, whose gathered tiles hold
+#: half the addresses (T5 at L = 16384: 12.7 ms against 13.2 for 64 x 64, 14.2 for 128 x 64 with 8 warps, 14.4 for
+#: 128 x 128 with 8 warps; every tile gathering: 18.6 ms against 34.0 for 64 x 64). Training steps (T5, L = 16384):
+#: dk/dv 32 x 128 53.6 ms against 64 x 64 55.4; dq 64 x 64 55.6 ms against 128 x 64 56.5 and 64 x 32 57.9.
+#: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here).
 GPU_BLOCKS: dict[int, _Blocks] = {
-    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_flat=(64, 32, 4, 3)),
+    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_offsets=(64, 32, 4, 3)),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
     256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
 }
@@ -602,7 +602,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    bm, bn, warps, stages = _blocks(dim, q.device).forward(spec.flat is not None)
+    bm, bn, warps, stages = _blocks(dim, q.device).forward(spec.bias_kind == BIAS_OFFSETS)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)

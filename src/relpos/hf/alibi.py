@@ -357,6 +357,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None and (torch.compiler.is_compiling() or bool(dead.any())):  # compiled: no data-dependent branch
+    if dead is not None and (torch.compiler.is_compiling() or query.is_cuda or bool(dead.any())):  # no host sync on a GPU
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None
