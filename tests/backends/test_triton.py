@@ -144,6 +144,32 @@ def test_padding_layouts(layout, causal):
     assert (out.detach().cpu()[dead] == 0).all() and (leaves[0].grad.cpu()[dead] == 0).all()
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_fused_qkv_views_get_their_own_gradients(name):
+    """q, k, v as views into one fused (B, L, H, 3, d) projection (Bloom, MPT, Falcon): not dense, so a gradient
+    allocated like q would be contiguous while q's strides are three times as wide. dq is written contiguous
+    (before: at q's strides, past the end of its buffer; the H100 run of Bloom and MPT training stopped with an
+    illegal memory access, and the interpreter corrupts its heap). Causal, right-padded, against fp64."""
+    g = torch.Generator().manual_seed(3)
+    fused = torch.randn(2, 40, H, 3, D, generator=g) * 1.5  # (B, L, H, 3, d)
+    keep = torch.ones(2, 40, dtype=torch.bool)
+    keep[1, 29:] = False
+    bias = BIASES[name]()
+    exact = [fused[..., i, :].transpose(1, 2).double().requires_grad_() for i in range(3)]  # (B, H, L, d)
+    want = expected(bias, *exact, causal=True, keep=keep)
+    want.square().sum().backward()
+    on_device = fused.to(DEVICE).requires_grad_()
+    views = [on_device[..., i, :].transpose(1, 2) for i in range(3)]  # (B, H, L, d), strides (3 L H d, 3 d, 3 H d, 1)
+    assert not views[0].is_contiguous() and views[0].stride(1) == 3 * D
+    out = relpos.attention(*views, bias=bias.to(DEVICE), causal=True, key_mask=keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    grads = on_device.grad.cpu().double()  # (B, L, H, 3, d): dq, dk, dv in their slots
+    for i, t in enumerate(exact):
+        torch.testing.assert_close(grads[..., i, :].transpose(1, 2), t.grad, atol=1e-4 * max(1.0, float(t.grad.abs().max())),
+                                   rtol=1e-4)
+
+
 def test_grouped_key_value_heads():
     bias = BIASES["kerple"]()
     q, k, v = qkv(2, 33, 33, kv_heads=2)

@@ -509,7 +509,7 @@ def _dq_kernel(
                             seed, rng_base, Lk, drop_t, drop_scale, kb_row,
                             D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
                             PRECISION)
-    tl.store(DQ + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+    tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and FLAT:  # the flat tiles' whole gradient lands on the range's one entry
         tl.atomic_add(dvals + tl.maximum(t_lo, 0), lo_sum)
@@ -649,7 +649,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     programs = triton.cdiv(query_length, bm) * batch * heads
     slots = programs if (bias_grad and spec.deterministic) else 1
     dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
-    dq = torch.empty_like(q)
+    dq = torch.empty(batch, heads, query_length, dim, device=q.device, dtype=q.dtype)  # contiguous, whatever q's layout
     _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
         q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
@@ -747,7 +747,7 @@ def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 def _(grad_out, q, k, v, out, lse, values, slopes, starts, ends, key_terms, seed, *spec_args):
     bias_grad = spec_args[-1]
     dvals = values.new_empty(values.shape if bias_grad else (0,), dtype=torch.float32)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dvals
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dvals  # contiguous, as the kernels write them
 
 
 def _op_setup(ctx, inputs, output) -> None:
