@@ -335,28 +335,38 @@ def cases(batch, heads, length, dim):
 
 # ------------------------------------------------------------------------------------------- sweep
 SWEEP_FWD = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
+SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3), 2), ((64, 64, 4, 3), 1),
+                     ((128, 64, 8, 3), 1)]  # (tile, gather_split): gathering blocks in halves keep 64-wide flat blocks
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
 
+def _fastest(times: dict, options: list):
+    return min((o for o in options if times[str(o)] is not None), key=lambda o: times[str(o)])
+
+
 def sweep(batch, heads, length, dim, rounds) -> dict:
-    """Time tile configurations: the forward with no term and with T5's flat ranges, the T5 training step's
-    two backward kernels; keep the fastest of each (``_triton.GPU_BLOCKS[64]``)."""
+    """Time tile configurations: the forward with no term, the forward with T5's per-offset values (tile and
+    gather split), the T5 training step's two backward kernels; keep the fastest of each (``_triton.GPU_BLOCKS[64]``)."""
     q, k, v = make_inputs(batch, heads, length, dim, grad=True)
     bias = t5(heads, grad=True)
     best = dataclasses.asdict(_triton.GPU_BLOCKS[64])
     report = {}
-    forwards = (("fwd", None), ("fwd_offsets", bias))
-    backwards = (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ))
-    for kernel, configs, train, term in [(n, SWEEP_FWD, False, b) for n, b in forwards] + [(n, c, True, bias) for n, c in backwards]:
-        times = {}
-        for cfg in configs:
-            _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **{kernel: cfg}))
-            with torch.enable_grad() if train else torch.no_grad():
-                run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton")
-                times[str(cfg)] = measure({"x": run}, train=train, rounds=rounds)["x"]["ms"]
-        best[kernel] = min((c for c in configs if times[str(c)] is not None), key=lambda c: times[str(c)])
-        report[kernel] = times
+
+    def timed_with(fields: dict, term, train: bool):
+        _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **fields))
+        with torch.enable_grad() if train else torch.no_grad():
+            run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton")
+            return measure({"x": run}, train=train, rounds=rounds)["x"]["ms"]
+
+    report["fwd"] = {str(c): timed_with({"fwd": c}, None, False) for c in SWEEP_FWD}
+    best["fwd"] = _fastest(report["fwd"], SWEEP_FWD)
+    report["fwd_offsets"] = {str(o): timed_with({"fwd_offsets": o[0], "gather_split": o[1]}, bias, False)
+                             for o in SWEEP_FWD_OFFSETS}
+    best["fwd_offsets"], best["gather_split"] = _fastest(report["fwd_offsets"], SWEEP_FWD_OFFSETS)
+    for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):
+        report[kernel] = {str(c): timed_with({kernel: c}, bias, True) for c in configs}
+        best[kernel] = _fastest(report[kernel], configs)
     _triton.GPU_BLOCKS[64] = _triton._Blocks(**best)
     report["chosen"] = best
     print("sweep:", json.dumps(report), flush=True)

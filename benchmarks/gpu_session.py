@@ -12,11 +12,12 @@ commit them with ``tools/bench_tables.py`` (docs/benchmarks/gpu/index.md says wh
 
 Steps:
 
-* ``kernel``: benchmarks/gpu_kernel.py at L = 4096 and 16384 (the floor, the kernel, the earlier routes, the
+* ``kernel``: benchmarks/gpu_kernel.py: a tile sweep at L = 16384 (its fastest shapes then serve the rest,
+  ``gather_split`` included), then L = 4096 and 16384 (the floor, the kernel, the earlier routes, the
   FlashBias fold, hand-written FlexAttention at 4096; the dropout training step; the anatomy of a T5 term's
   cost), with ``--profile`` (torch.profiler's CPU and CUDA time per call at L = 4096) and ``--throughput 10``
   (10 back-to-back calls per sample, as inside a model); ``--kernel-cases`` keeps some cases (FlexAttention
-  compiles per shape for 10-20 s, so all cases take about 250 s);
+  compiles per shape for 10-20 s, so all cases take about 250 s after the sweep's 90 s);
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
 * ``tests``: ``pytest -m gpu -v`` (the models on CUDA first, then the Triton kernel at real sizes, dropout
@@ -34,9 +35,9 @@ import tempfile
 import time
 
 STEPS = {  # name -> (seconds at most, command); run in this order
-    "kernel": (270, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
-                     "--lengths", "4096,16384", "--profile", "--throughput", "10", "--flex-lengths", "4096",
-                     "--cases", "{kernel_cases}"]),
+    "kernel": (360, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
+                     "--lengths", "4096,16384", "--sweep", "--sweep-length", "16384", "--profile", "--throughput", "10",
+                     "--flex-lengths", "4096", "--cases", "{kernel_cases}"]),
     "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
                  "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                  "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",

@@ -313,8 +313,8 @@ DESCRIPTIONS: dict[str, str] = {
                             "FlashBias fold (forwards, with the current tiles)",
     "gpu/kernel-sweep-tables.md": "the Triton kernel on an H100: the tile sweep and every case, training, dropout and padding "
                                   "included (one tile shape for every forward)",
-    "gpu/bloom.md": "a 2-layer Bloom model on an H100, bf16, against transformers (forward only: training crashed)",
-    "gpu/mpt.md": "a 2-layer MPT model on an H100, bf16, against transformers (forward only: training crashed)",
+    "gpu/bloom.md": "a 2-layer Bloom model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
+    "gpu/mpt.md": "a 2-layer MPT model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
     "t5-family/t5.md": "T5: the grid, L 512 to 4096, B 1 and 4",
     "t5-family/t5-target.md": "T5: the target point, L 2048, B 2",
     "t5-family/t5-static.md": "T5: greedy generation with the dynamic and the static cache (uncompiled, CPU), L 512 and 1024",

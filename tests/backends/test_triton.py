@@ -170,6 +170,25 @@ def test_fused_qkv_views_get_their_own_gradients(name):
                                    rtol=1e-4)
 
 
+@pytest.mark.parametrize("name,causal,padded", [("t5", False, False), ("t5", True, True), ("kerple", True, False),
+                                                 ("clipped", False, True), ("t5_causal_buckets", True, False)])
+def test_gathering_blocks_in_half_steps(name, causal, padded, monkeypatch):
+    """``gather_split=2`` (a GPU tile shape to sweep: flat blocks 32 keys wide, gathering and masked blocks as two
+    steps of 16): equal to fp64, with flat ranges, padding edges and lengths that are not multiples of a block."""
+    monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks(
+        (16, 32, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1), fwd_offsets=(16, 32, 1, 1), gather_split=2))
+    bias = BIASES[name]()
+    q, k, v = qkv(2, 75, 75, seed=6)
+    keep = None
+    if padded:
+        keep = torch.ones(2, 75, dtype=torch.bool)
+        keep[0, 61:] = False
+        keep[1, :9] = False
+    with torch.no_grad():
+        out = run(bias, q, k, v, causal=causal, key_mask=keep)
+    torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, keep=keep), atol=2e-5, rtol=1e-5)
+
+
 def test_grouped_key_value_heads():
     bias = BIASES["kerple"]()
     q, k, v = qkv(2, 33, 33, kv_heads=2)

@@ -194,8 +194,10 @@ def _fwd_kernel(
     H, GROUP, Lq, Lk, q_offset, qk_scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, GS: tl.constexpr,
 ):
+    """One query block. ``GS``: the blocks whose tiles gather per-offset values (and the masked ones) run as ``GS``
+    steps of ``BN / GS`` keys, whose address tensors fit the registers, while flat blocks take all ``BN`` at once."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seed = _seed(SEED, DROPOUT)
     b, h = pid_bh // H, pid_bh % H
@@ -224,10 +226,11 @@ def _fwd_kernel(
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(e1, e2, BN):
-        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                  seed, rng_base, Lk, drop_t, kb_row,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
+        for part in tl.static_range(GS):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                      n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
         for n0 in range(e2, full, BN):
@@ -236,10 +239,11 @@ def _fwd_kernel(
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
-        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                  n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                  seed, rng_base, Lk, drop_t, kb_row,
-                                  D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION)
+        for part in tl.static_range(GS):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                      n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
@@ -525,9 +529,13 @@ class _Blocks:
     dkdv: tuple[int, int, int, int]
     dq: tuple[int, int, int, int]
     fwd_offsets: tuple[int, int, int, int] | None = None  # the forward that reads per-offset values; fwd if None
+    gather_split: int = 1  # that forward's gathering (and masked) blocks in this many steps of BN / gather_split keys
 
-    def forward(self, offsets: bool) -> tuple[int, int, int, int]:
-        return self.fwd_offsets if offsets and self.fwd_offsets is not None else self.fwd
+    def forward(self, offsets: bool) -> tuple[tuple[int, int, int, int], int]:
+        """(BM, BN, warps, stages) of the forward, and its GS."""
+        if offsets and self.fwd_offsets is not None:
+            return self.fwd_offsets, self.gather_split
+        return self.fwd, 1
 
 
 #: (BM, BN, warps, stages) per kernel on a GPU, by head dimension. d <= 64, measured on an H100 (bf16, B=4, H=16,
@@ -536,7 +544,8 @@ class _Blocks:
 #: half the addresses (T5 at L = 16384: 12.7 ms against 13.2 for 64 x 64, 14.2 for 128 x 64 with 8 warps, 14.4 for
 #: 128 x 128 with 8 warps; every tile gathering: 18.6 ms against 34.0 for 64 x 64). Training steps (T5, L = 16384):
 #: dk/dv 32 x 128 53.6 ms against 64 x 64 55.4; dq 64 x 64 55.6 ms against 128 x 64 56.5 and 64 x 32 57.9.
-#: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here).
+#: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here). ``gather_split=2`` with a
+#: 64 x 64 forward of per-offset values is in the sweep, not yet timed (docs/benchmarks/gpu/kernel.md).
 GPU_BLOCKS: dict[int, _Blocks] = {
     64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_offsets=(64, 32, 4, 3)),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
@@ -602,7 +611,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    bm, bn, warps, stages = _blocks(dim, q.device).forward(spec.bias_kind == BIAS_OFFSETS)
+    (bm, bn, warps, stages), split = _blocks(dim, q.device).forward(spec.bias_kind == BIAS_OFFSETS)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
@@ -613,7 +622,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
         heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
         D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
         CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-        KEYBIAS=key_terms is not None, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
+        KEYBIAS=key_terms is not None, GS=split, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
     )
     return out, lse
 
