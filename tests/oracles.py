@@ -145,10 +145,10 @@ def dropout_keep(seed: int, batch: int, heads: int, query_length: int, key_lengt
     return out
 
 
-def _philox_first_word(seed: int, counters: np.ndarray) -> np.ndarray:
+def _philox_words(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
     """Philox4x32-10 (Salmon et al., SC 2011) of the 64-bit ``counters`` as the 4-word counter
-    ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the first output word (uint32), as
-    Triton's ``tl.randint(seed, offset)`` documents it. numpy, written from the paper's round function."""
+    ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the four output words (uint32), as
+    Triton's ``tl.randint4x(seed, offset)`` documents it. numpy, written from the paper's round function."""
     m32 = np.uint64(0xFFFFFFFF)
     c0, c1 = counters & m32, counters >> np.uint64(32)
     c2 = c3 = np.zeros_like(c0)
@@ -158,15 +158,23 @@ def _philox_first_word(seed: int, counters: np.ndarray) -> np.ndarray:
         c0, c1, c2, c3 = ((prod_b >> np.uint64(32)) ^ c1 ^ k0, prod_b & m32, (prod_a >> np.uint64(32)) ^ c3 ^ k1,
                           prod_a & m32)
         k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
-    return c0
+    return c0, c1, c2, c3
 
 
 def philox_keep(seed: int, batch: int, heads: int, query_length: int, key_length: int, p: float) -> torch.Tensor:
-    """(B, H, Lq, Lk) keep-mask of the Triton kernel's dropout as relpos/backends/_triton.py documents it: score
-    ``(b, h, i, j)`` is kept when the low 16 bits of Philox at counter ``((b H + h) Lq + i) Lk + j`` reach
+    """(B, H, Lq, Lk) keep-mask of the Triton kernel's dropout as relpos/backends/_triton.py documents it: Philox at
+    counter ``((b H + h) ceil(Lq / 8) + i // 8) Lk + j`` gives four words; score ``(b, h, i, j)`` reads word
+    ``i % 4``, its low 16 bits when ``i % 8 < 4`` and its high 16 bits otherwise, and is kept when they reach
     ``round(p * 2**16)``."""
-    counters = np.arange(batch * heads * query_length * key_length, dtype=np.uint64)
-    bits = _philox_first_word(seed, counters) & np.uint64(0xFFFF)
+    groups = -(-query_length // 8)
+    bh = np.arange(batch * heads, dtype=np.uint64)[:, None, None]
+    i = np.arange(query_length, dtype=np.uint64)[None, :, None]
+    j = np.arange(key_length, dtype=np.uint64)[None, None, :]
+    counters = (bh * np.uint64(groups) + i // np.uint64(8)) * np.uint64(key_length) + j  # (B H, Lq, Lk)
+    words = np.stack(_philox_words(seed, counters))  # (4, B H, Lq, Lk)
+    row = np.broadcast_to(i, counters.shape)
+    word = np.take_along_axis(words, (row % np.uint64(4)).astype(np.int64)[None], 0)[0]
+    bits = (word >> (np.uint64(16) * (row % np.uint64(8) // np.uint64(4)))) & np.uint64(0xFFFF)
     return torch.from_numpy(bits >= round(p * 65536)).reshape(batch, heads, query_length, key_length)
 
 

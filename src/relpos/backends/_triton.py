@@ -15,7 +15,7 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   tiles they cut are masked. A padding mask of any other pattern (holes) is a per-key term, ``-inf``
   on hidden keys, added to every tile's scores (``KEYBIAS``);
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
-  position (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the
+  position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the
   tiles; the drop probability is rounded to 2**-16 and kept weights scaled by ``1 / (1 - p')`` as
   in relpos's other backends.
 
@@ -89,11 +89,25 @@ def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
 
 @triton.jit
 def _kept(seed, rng_base, rows, cols, Lk, threshold):
-    """Dropout's keep-mask of the scores (``rows``, ``cols``) of one (example, query head): Philox4x32-10
-    keyed by ``seed`` at counter ``rng_base + row * Lk + col`` (``rng_base = (b * H + h) * Lq * Lk``); a
-    score is kept when the first word's low 16 bits are at least ``threshold = round(p * 2**16)``."""
-    offset = rng_base + rows.to(tl.int64) * Lk + cols
-    return (tl.randint(seed, offset) & 0xFFFF) >= threshold
+    """Dropout's keep-mask, ``(BN, BM)`` (keys by rows), of the scores of query ``rows`` (BM,) (a block starting at
+    a multiple of 8) and keys ``cols`` (BN,) of one (example, head). One Philox4x32-10 evaluation, keyed by
+    ``seed`` at counter ``rng_base + (i // 8) * Lk + j``, gives four 32-bit words for the eight rows of group
+    ``i // 8`` and key ``j``: row ``i`` reads word ``i % 4``, its low 16 bits when ``i % 8 < 4``, else its high 16
+    bits; a score is kept when that value is at least ``threshold = round(p * 2**16)``.
+    (``rng_base = (b * H + h) * ceil(Lq / 8) * Lk``.)"""
+    BM: tl.constexpr = rows.shape[0]
+    BN: tl.constexpr = cols.shape[0]
+    groups = tl.min(tl.reshape(rows, (BM // 8, 8)), 1) // 8  # (BM / 8,)
+    offset = rng_base + groups[None, :].to(tl.int64) * Lk + cols[:, None]  # (BN, BM / 8)
+    w0, w1, w2, w3 = tl.randint4x(seed, offset)
+    words = tl.join(tl.join(_halves(w0), _halves(w2)), tl.join(_halves(w1), _halves(w3)))  # (BN, BM/8, half, 2, 2)
+    return tl.reshape(words, (BN, BM)) >= threshold  # row 8 g + 4 half + word
+
+
+@triton.jit
+def _halves(word):
+    """(.., 2): the low and the high 16 bits of each 32-bit ``word``."""
+    return tl.join(word & 0xFFFF, word >> 16)
 
 
 @triton.jit
@@ -180,7 +194,7 @@ def _fwd_step(
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's normalizer: dropout comes after it
     if DROPOUT:  # dropped weights out; the kept ones are scaled once, at the end
-        p = tl.where(_kept(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, drop_t), p, 0.0)
+        p = tl.where(tl.trans(_kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)), p, 0.0)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BM, DV)
     return acc, m_new, l_i
@@ -211,7 +225,7 @@ def _fwd_kernel(
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h) * _LOG2E
-    rng_base = pid_bh.to(tl.int64) * Lq * Lk  # dropout's counters of this (example, head)
+    rng_base = pid_bh.to(tl.int64) * ((Lq + 7) // 8) * Lk  # dropout's counters of this (example, head)
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
@@ -293,7 +307,7 @@ def _dkdv_step(
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
     dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
     if DROPOUT:  # the forward's mask, transposed: dv takes the kept weights (scaled at the end)
-        keep = _kept(seed, rng_base, offs_m[None, :], offs_n[:, None], Lk, drop_t)  # (BN, BM)
+        keep = _kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)  # (BN, BM)
         dv = tl.dot(tl.where(keep, pt, 0.0).to(do.dtype), do, dv, input_precision=PRECISION)
         dpt = tl.where(keep, dpt * drop_scale, 0.0)
     else:
@@ -356,7 +370,7 @@ def _dkdv_kernel(
         do_base = DO + b * stride_db + h * stride_dh
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
-        rng_base = (b * H + h).to(tl.int64) * Lq * Lk
+        rng_base = (b * H + h).to(tl.int64) * ((Lq + 7) // 8) * Lk
         kb = tl.zeros([BN], tl.float32)
         if KEYBIAS:  # this key block's per-key terms for query head h
             kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n, Lk)
@@ -430,7 +444,7 @@ def _dq_step(
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
     if DROPOUT:  # the gradient reaches the weights the forward kept, scaled as they were
-        dp = tl.where(_kept(seed, rng_base, offs_m[:, None], offs_n[None, :], Lk, drop_t), dp * drop_scale, 0.0)
+        dp = tl.where(tl.trans(_kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)), dp * drop_scale, 0.0)
     ds = p * (dp - delta[:, None])  # the score gradient, natural units
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     total = tl.sum(tl.zeros([BM], tl.float32), 0)
@@ -472,7 +486,7 @@ def _dq_kernel(
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
-    rng_base = pid_bh.to(tl.int64) * Lq * Lk
+    rng_base = pid_bh.to(tl.int64) * ((Lq + 7) // 8) * Lk
     kb_row = KB + b * stride_kbb + h * stride_kbh
     slope = 0.0
     if MAIN >= 3:
