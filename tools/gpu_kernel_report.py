@@ -68,12 +68,15 @@ def throughput(payload: dict) -> str:
     if not t:
         return "(not measured in this run)"
     lines = [f"{t['repeat']} calls per sample, L = {t['length']}; ms per call, x the case's floor:", ""]
-    for case, res in t["results"].items():
-        floor = next(iter(res.values()))["ms"]
-        cells = ", ".join(f"{name} {_ms(r)}" + (f" ({r['ms'] / floor:.2f}x)" if r.get("ms") and floor else "")
-                          for name, r in res.items())
-        lines.append(f"- {case}: {cells}")
+    lines += [f"- {case}: {_cells(res)}" for case, res in t["results"].items()]
     return "\n".join(lines)
+
+
+def _cells(res: dict) -> str:
+    """Each variant's ms and its ratio to the first (the case's floor)."""
+    floor = next(iter(res.values()))["ms"]
+    return ", ".join(f"{name} {_ms(r)}" + (f" ({r['ms'] / floor:.2f}x)" if r.get("ms") and floor else "")
+                     for name, r in res.items())
 
 
 def profile(payload: dict) -> str:
@@ -88,11 +91,7 @@ def profile(payload: dict) -> str:
 def all_variants(payload: dict) -> str:
     lines = []
     for length in payload["lengths"]:
-        for case, res in payload["results"][str(length)].items():
-            floor = next(iter(res.values()))["ms"]
-            cells = ", ".join(f"{name} {_ms(r)}" + (f" ({r['ms'] / floor:.2f}x)" if r.get("ms") and floor else "")
-                              for name, r in res.items())
-            lines.append(f"- {case}, L = {length}: {cells}")
+        lines += [f"- {case}, L = {length}: {_cells(res)}" for case, res in payload["results"][str(length)].items()]
     return "\n".join(lines)
 
 

@@ -63,6 +63,14 @@ def expected(bias, q, k, v, *, causal, q_offset=0, keep=None, grad=False):
     return attend(q, k, v, dense, causal=causal, keep=keep, q_offset=q_offset)
 
 
+def right_and_left_padded(length: int, end: int, start: int) -> torch.Tensor:
+    """(2, length) key mask: example 0 real up to ``end``, example 1 from ``start`` on."""
+    keep = torch.ones(2, length, dtype=torch.bool)
+    keep[0, end:] = False
+    keep[1, :start] = False
+    return keep
+
+
 def run(bias, q, k, v, **kwargs):
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     module = None if bias is None else bias.to(DEVICE)
@@ -179,11 +187,7 @@ def test_gathering_blocks_in_half_steps(name, causal, padded, monkeypatch):
         (16, 32, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1), fwd_offsets=(16, 32, 1, 1), gather_split=2))
     bias = BIASES[name]()
     q, k, v = qkv(2, 75, 75, seed=6)
-    keep = None
-    if padded:
-        keep = torch.ones(2, 75, dtype=torch.bool)
-        keep[0, 61:] = False
-        keep[1, :9] = False
+    keep = right_and_left_padded(75, 61, 9) if padded else None
     with torch.no_grad():
         out = run(bias, q, k, v, causal=causal, key_mask=keep)
     torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, keep=keep), atol=2e-5, rtol=1e-5)
@@ -243,11 +247,7 @@ def test_flat_tiles_add_one_scalar_and_train_the_far_bucket(causal, padded):
     offsets = bias.offsets(80, 80)
     assert offsets.flat == (-4, 4) and offsets.flat_indices() == (75, 83)
     q, k, v = qkv(2, 80, 80, seed=4)
-    keep = None
-    if padded:
-        keep = torch.ones(2, 80, dtype=torch.bool)
-        keep[0, 70:] = False
-        keep[1, :21] = False
+    keep = right_and_left_padded(80, 70, 21) if padded else None
     table = bias.relative_attention_bias.weight
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
