@@ -429,6 +429,46 @@ def test_key_masks_with_holes_are_applied_per_key(layout, causal):
         assert (run(bias, q, k, v, causal=causal, key_mask=contiguous).cpu().double() - want).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("layout", ["right_and_left", "holes", "an_empty_example"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
+    """On a CUDA GPU a key padding mask goes to the kernel without being read back to the CPU: per key, with
+    each example's first and last kept key computed on the device to skip the blocks outside them (the same
+    path, run here on CPU tensors by adding "cpu" to the devices that take it; key_ranges, the read-back,
+    raises if called). Outputs and the gradients of q, k, v and the table against fp64."""
+    from relpos.backends import dispatch
+
+    monkeypatch.setattr(dispatch, "_DEVICE_KEY_MASKS", ("cuda", DEVICE))
+    monkeypatch.setattr(dispatch, "key_ranges", lambda *a, **k: pytest.fail("the key mask was read back to the CPU"))
+    batch, length = 3, 45
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    keep[0, 33:] = False  # right padding: key blocks past 33 skipped
+    keep[2, :18] = False  # left padding: blocks before 16 skipped, the one across 18 masked per key
+    if layout == "holes":
+        keep[1, 7:12] = False
+    elif layout == "an_empty_example":
+        keep[1] = False
+    bias = BIASES["t5"]()
+    q, k, v = qkv(batch, length, length, seed=8)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = attend(*exact, bias_oracle(bias, length, length, grad=True), causal=causal, keep=keep)
+    want.square().sum().backward()
+    want_grads = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.double()]
+    bias.zero_grad()
+    call = dispatch._prepare(q, k, v, bias, causal, None, keep, 0.0, None, 0, backend="triton")
+    assert call.ranges is None and call.key_mask is keep and "read on the device" in call.dense_reason
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal, key_mask=keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    got = [t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad]
+    for a, b in zip(got, want_grads):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    starts, ends = _triton._mask_bounds(keep)
+    expected_bounds = ([0, 0, 18], [33, 45, 45]) if layout != "an_empty_example" else ([0, 45, 18], [33, 0, 45])
+    assert (starts.tolist(), ends.tolist()) == expected_bounds
+
+
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_under_torch_compile_the_kernel_is_an_opaque_op_with_its_gradients(compiler):
     """Under torch.compile (fullgraph) the kernels run as relpos's custom ops: a padding mask is a per-key term

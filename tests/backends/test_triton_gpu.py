@@ -84,6 +84,23 @@ def test_decode_rows_and_grouped_heads_at_real_size():
     assert (out.cpu().double() - want).abs().max() < 2e-4
 
 
+def test_a_padded_training_step_never_waits_for_the_gpu():
+    """A padded batch through ``auto`` (the kernel), forward and backward, under torch's sync debug mode "error":
+    no operation reads a tensor back to the CPU (the key mask stays on the device; before, its runs were read
+    back twice per call, and the model benchmarks' layers waited for the GPU each time)."""
+    bias = strong_t5().cuda()
+    q, k, v = (t.cuda().requires_grad_() for t in inputs(2, 2048, 2048))
+    keep = torch.ones(2, 2048, dtype=torch.bool, device="cuda")
+    keep[1, 1500:] = False
+    relpos.attention(q, k, v, bias=bias, causal=True, key_mask=keep).sum().backward()  # compile and cache first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        relpos.attention(q, k, v, bias=bias, causal=True, key_mask=keep).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_training_a_table_holds_no_dense_scores():
     """B = 1, H = 8, L = 8192, bf16: one (B, H, L, L) tensor is 1024 MiB; the step's peak stays far below it."""
     bias = relpos.T5RelativeBias(8).cuda()

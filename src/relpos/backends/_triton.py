@@ -810,6 +810,16 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
+def _mask_bounds(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) int32 first kept key and one past the last (``Lk`` and 0 for an example with none), computed on the
+    mask's device: nothing is read back to the CPU."""
+    key_length = key_mask.shape[-1]
+    index = torch.arange(key_length, device=key_mask.device)  # (Lk,)
+    starts = torch.where(key_mask, index, key_length).amin(-1)  # (B,)
+    ends = torch.where(key_mask, index + 1, 0).amax(-1)  # (B,)
+    return starts.to(torch.int32), ends.to(torch.int32)
+
+
 _UNUSED: dict[torch.device, torch.Tensor] = {}
 
 
@@ -853,6 +863,7 @@ def triton_attention(
     key_terms = None
     if key_mask is not None:
         key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float("-inf"))[:, None]  # (B, 1, Lk)
+        starts, ends = _mask_bounds(key_mask)  # blocks outside each example's kept keys are skipped too
     if seed is None:
         seed = _unused(device)  # never read (no dropout)
     if torch.compiler.is_compiling():  # opaque custom ops the compiled graph calls

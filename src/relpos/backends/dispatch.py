@@ -218,7 +218,12 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     only_keys = key_mask if attn_mask is None else None  # the Triton kernel takes it per key, any pattern
     compiling = torch.compiler.is_compiling()  # key ranges are data (tolist): a graph break under fullgraph
     small = _is_small(batch, heads, query_length, key_length)
-    if masked and ((compiling and backend not in ("fused", "flex")) or (small and backend not in ("fused", "flex", "triton"))):
+    if masked and _key_mask_stays_on_device(query, value, resolved, attn_mask, key_mask, backend, compiling):
+        # the Triton kernel takes the mask per key, and its key range from the mask on the device: reading the
+        # runs back to the CPU (key_ranges) would stall the GPU twice per call, every layer of a padded batch
+        dense_reason = "a key padding mask on the GPU: per key, read on the device (its runs are not read back to the CPU)"
+        attn_mask = fold_key_mask(None, key_mask)
+    elif masked and ((compiling and backend not in ("fused", "flex")) or (small and backend not in ("fused", "flex", "triton"))):
         dense_reason = (
             "under torch.compile a mask is one dense SDPA mask (key ranges would be a data-dependent branch)"
             if compiling
@@ -243,6 +248,22 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
         1.0 / math.sqrt(dim) if scale is None else scale, q_offset, dense_reason,
         key_mask=only_keys if dense_reason else None,
     )
+
+
+#: Devices whose key padding masks stay there (:func:`_key_mask_stays_on_device`); tests add "cpu" to run the
+#: same path under Triton's interpreter.
+_DEVICE_KEY_MASKS = ("cuda",)
+
+
+def _key_mask_stays_on_device(query, value, bias, attn_mask, key_mask, backend, compiling: bool) -> bool:
+    """A key padding mask alone, on a call the Triton kernel will run: it reads the mask per key (``-inf`` on
+    hidden keys) and skips the blocks outside each example's first to last kept key, both from the mask on
+    the device, so nothing is read back to the CPU."""
+    return (key_mask is not None and attn_mask is None and not compiling
+            and query.device.type in _DEVICE_KEY_MASKS and backend in ("auto", "triton") and _TRITON_INSTALLED
+            and not isinstance(bias, torch.Tensor) and (bias is not None or backend == "triton")
+            and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and max(query.shape[-1], value.shape[-1]) <= _TRITON_MAX_HEAD_DIM)
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:

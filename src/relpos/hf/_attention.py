@@ -48,14 +48,14 @@ def relpos_mask(
     """transformers' 2-D padding mask ``(B, >= Lk)`` as a boolean key mask ``(B, 1, 1, Lk)``; None without one.
 
     The causal part is not in the mask: :func:`relpos_attention_forward` passes the layer's causal
-    flag. Eagerly an all-ones mask gives None (one check); under ``torch.compile`` the mask is
-    returned as is (no data-dependent branch).
+    flag. Eagerly on the CPU an all-ones mask gives None (one check); under ``torch.compile`` and on a GPU
+    the mask is returned as is (no data-dependent branch, no wait for the GPU).
     """
     if attention_mask is None:
         return None
     keep = attention_mask[:, -kv_length:].bool()  # (B, <= Lk)
-    if not torch.compiler.is_compiling() and keep.shape[1] == kv_length and bool(keep.all()):
-        return None
+    if not (torch.compiler.is_compiling() or keep.is_cuda) and keep.shape[1] == kv_length and bool(keep.all()):
+        return None  # on a GPU the check would wait for it (the mask is read on the device instead)
     return keep[:, None, None, :]  # (B, 1, 1, <= Lk)
 
 
