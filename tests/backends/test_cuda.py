@@ -209,3 +209,26 @@ def test_auto_on_cuda_says_what_it_picks(dtype, grad, dim, expected):
         assert "at least 16" in choice.rejected["flex"]
     small = relpos.select_backend(*(t[:, :, :64] for t in (q, k, v)), bias=bias)
     assert small.backend == "sdpa"  # below 2**21 scores: one SDPA call, no per-shape compile
+
+
+@pytest.mark.parametrize("case", ["decode_row", "small_padded"])
+def test_small_padded_calls_never_wait_for_the_gpu(case):
+    """A decoding row over a padded cache and a small padded batch (one SDPA call with a dense mask) under torch's
+    sync debug mode "error": nothing is read back to the CPU (before, whether a row saw no key was checked on the
+    CPU every call, which on the H100 made each decoding step's attention wait for the GPU)."""
+    batch, query_length, key_length, q_offset = (2, 1, 300, 299) if case == "decode_row" else (2, 40, 40, 0)
+    bias = strong_t5(bidirectional=False).to(CUDA)
+    q = torch.randn(batch, HEADS, query_length, DIM, device=CUDA)
+    k, v = (torch.randn(batch, HEADS, key_length, DIM, device=CUDA) for _ in range(2))
+    keep = torch.ones(batch, key_length, dtype=torch.bool, device=CUDA)
+    keep[1, :7] = False  # left padding
+    call = dict(bias=bias, causal=True, key_mask=keep, q_offset=q_offset)
+    with torch.no_grad():
+        want = relpos.attention(q, k, v, **call)  # warm up (caches, kernels)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = relpos.attention(q, k, v, **call)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, want)

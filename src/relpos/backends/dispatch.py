@@ -547,7 +547,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
     mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
-    if torch.compiler.is_compiling() or dead.any():  # compiled: no data-dependent branch
+    if torch.compiler.is_compiling() or q.is_cuda or dead.any():  # no data-dependent branch compiled, no wait on a GPU
         mask = mask.masked_fill(dead, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)

@@ -32,12 +32,18 @@ _ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "he
                "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx", "_reshape")
 
 
-def _per_offset_fits(attention_mask: torch.Tensor | None) -> bool:
+_DECODING_ROWS = 16  # at most this many query rows on a GPU: the per-key path, whose mask needs no check
+
+
+def _per_offset_fits(attention_mask: torch.Tensor | None, query_length: int) -> bool:
     """Whether Bloom's per-key ALiBi equals the per-offset one here: no 2-D mask, or one run of real keys per row
-    (eagerly checked; under ``torch.compile`` a 2-D mask is not checked, the per-key path serves it)."""
+    (eagerly checked; under ``torch.compile``, and for a GPU's decoding rows, a 2-D mask is not checked: the check
+    would be a data-dependent branch or a wait for the GPU, and the per-key path, exact for any mask, serves it)."""
     if attention_mask is None or attention_mask.dim() != 2:
         return True
-    return not torch.compiler.is_compiling() and contiguous(attention_mask)
+    if torch.compiler.is_compiling() or (attention_mask.is_cuda and query_length <= _DECODING_ROWS):
+        return False
+    return contiguous(attention_mask)
 
 
 def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alibi, attention_mask, layer_past=None,
@@ -50,7 +56,7 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
-    if _per_offset_fits(attention_mask):
+    if _per_offset_fits(attention_mask, query_length):
         out, weights = alibi_attention(query, key, value, bias=alibi_bias, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions, position=position)
     else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel
