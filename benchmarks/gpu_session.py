@@ -20,8 +20,8 @@ Steps:
   compiles per shape for 10-20 s, so all cases take about 250 s after the sweep's 90 s);
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
-* ``tests``: ``pytest -m gpu -v`` (the models on CUDA first, then the Triton kernel at real sizes, dropout
-  included), each test's name and result in the log as it finishes.
+* ``tests``: ``pytest -m gpu -v`` over ``GPU_TEST_FILES`` (the models on CUDA first, then the Triton kernel at
+  real sizes, dropout included), each test's name and result in the log as it finishes.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+
+#: Every file with GPU tests, in the order they run (pytest runs a folder's files in its own order, so the
+#: models and the kernel's real sizes come first by name; tests/tools/test_gpu_session.py checks the list is whole).
+GPU_TEST_FILES = ("tests/hf/test_hf_cuda.py", "tests/backends/test_triton_gpu.py", "tests/backends/test_cuda.py",
+                  "tests/backends/test_triton.py", "tests/backends/test_backends.py")
 
 STEPS = {  # name -> (seconds at most, command); run in this order
     "kernel": (360, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
@@ -50,8 +55,7 @@ STEPS = {  # name -> (seconds at most, command); run in this order
                  "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
                  "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
                  "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
-    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "tests/hf/test_hf_cuda.py",
-                    "tests/backends/test_triton_gpu.py", "tests"]),  # the models first: file order otherwise
+    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", *GPU_TEST_FILES]),
 }
 
 

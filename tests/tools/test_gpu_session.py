@@ -89,3 +89,12 @@ def test_the_real_steps_name_scripts_and_options_that_exist():
             assert not parser_error, (name, parser_error)
         else:
             assert (ROOT / command[1]).exists() or command[1] == "-m", name
+
+
+def test_the_tests_step_names_every_file_with_gpu_tests():
+    """pytest runs a folder's files in its own order, so the step lists the files: every file that marks a test
+    ``gpu`` must be among them, or the lent GPU never runs it."""
+    marked = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+              if "pytest.mark.gpu" in p.read_text() or "mark.gpu" in p.read_text()}
+    assert marked == set(gpu_session.GPU_TEST_FILES)
+    assert all(name in gpu_session.STEPS["tests"][1] for name in gpu_session.GPU_TEST_FILES)
