@@ -12,12 +12,13 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
 * ``BIAS_CAUSAL_LINEAR`` / ``BIAS_SYMMETRIC_LINEAR``: ALiBi's closed forms ``m * min(j - i, 0)`` and
   ``-m * |j - i|`` from one slope per head;
 * causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
-  tiles they cut are masked. A padding mask of any other pattern (holes) is a per-key term, ``-inf``
-  on hidden keys, added to every tile's scores (``KEYBIAS``);
+  tiles they cut are masked. A padding mask of any other pattern (holes), and any key mask on a GPU
+  (read there, never back on the CPU), is a per-key term, ``-inf`` on hidden keys, added to every tile's
+  scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits;
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
-  position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the
-  tiles; the drop probability is rounded to 2**-16 and kept weights scaled by ``1 / (1 - p')`` as
-  in relpos's other backends.
+  position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the
+  forward's mask, whatever the tiles; the drop probability is rounded to 2**-16 and kept weights
+  scaled by ``1 / (1 - p')`` as in relpos's other backends.
 
 Bias gradient (``d values[h, t]`` = the sum of ``dS`` over the diagonal ``j - i = t - Lq + 1``, over
 the batch): each (query block, key block) tile reduces its ``dS`` along its ``BM + BN - 1``
@@ -95,13 +96,11 @@ def _kept(seed, rng_base, rows, cols, Lk, threshold):
     ``i // 8`` and key ``j``: row ``i`` reads word ``i % 4``, its low 16 bits when ``i % 8 < 4``, else its high 16
     bits; a score is kept when that value is at least ``threshold = round(p * 2**16)``.
     (``rng_base = (b * H + h) * ceil(Lq / 8) * Lk``.)"""
-    BM: tl.constexpr = rows.shape[0]
-    BN: tl.constexpr = cols.shape[0]
-    groups = tl.min(tl.reshape(rows, (BM // 8, 8)), 1) // 8  # (BM / 8,)
+    groups = tl.min(tl.reshape(rows, (rows.shape[0] // 8, 8)), 1) // 8  # (BM / 8,)
     offset = rng_base + groups[None, :].to(tl.int64) * Lk + cols[:, None]  # (BN, BM / 8)
     w0, w1, w2, w3 = tl.randint4x(seed, offset)
     words = tl.join(tl.join(_halves(w0), _halves(w2)), tl.join(_halves(w1), _halves(w3)))  # (BN, BM/8, half, 2, 2)
-    return tl.reshape(words, (BN, BM)) >= threshold  # row 8 g + 4 half + word
+    return tl.reshape(words, (cols.shape[0], rows.shape[0])) >= threshold  # row 8 g + 4 half + word
 
 
 @triton.jit
