@@ -2,6 +2,7 @@
 refactor that moves a mutated line is noticed here, in CI, and not only when the slow mutation run refuses it."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -10,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _mutate():
     spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate"] = module  # dataclasses look the module up while its classes are made
     spec.loader.exec_module(module)
     return module
 
