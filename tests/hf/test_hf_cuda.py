@@ -27,16 +27,17 @@ T5_SMALL = dict(
     relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
     pad_token_id=0, eos_token_id=1, dropout_rate=0.0,
 )
-ALIBI = {
-    "bloom": lambda: transformers.BloomForCausalLM(transformers.BloomConfig(
-        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0, attention_dropout=0.0,
+ALIBI = {  # (width, heads) -> a 2-layer model
+    "bloom": lambda width=32, heads=4: transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=width, n_layer=2, n_head=heads, hidden_dropout=0.0, attention_dropout=0.0,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)),
-    "mpt": lambda: transformers.MptForCausalLM(transformers.MptConfig(
-        vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=128, pad_token_id=0, bos_token_id=1,
+    "mpt": lambda width=32, heads=4: transformers.MptForCausalLM(transformers.MptConfig(
+        vocab_size=VOCAB, d_model=width, n_layers=2, n_heads=heads, max_seq_len=2048, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, initializer_range=0.2)),
-    "falcon": lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, hidden_dropout=0.0,
-        attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2)),
+    "falcon": lambda width=32, heads=4: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=width, num_hidden_layers=2, num_attention_heads=heads, alibi=True,
+        hidden_dropout=0.0, attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        initializer_range=0.2)),
 }
 
 
@@ -76,17 +77,25 @@ def alibi_batch():
     return on_cuda({"input_ids": ids, "attention_mask": mask, "labels": labels})
 
 
-def alibi_pair(family):
+def alibi_pair(family, **size):
     """(transformers' model on the GPU, an accelerated deep copy)."""
     torch.manual_seed(0)
-    reference = ALIBI[family]().to(CUDA).eval()
+    reference = ALIBI[family](**size).to(CUDA).eval()
     return reference, rh.accelerate(copy.deepcopy(reference))
 
 
 @pytest.mark.parametrize("family", sorted(ALIBI))
-def test_alibi_families_logits_loss_and_gradients_on_cuda(family):
-    reference, accelerated = alibi_pair(family)
-    inputs = alibi_batch()
+@pytest.mark.parametrize("size", ["small", "kernel"])
+def test_alibi_families_logits_loss_and_gradients_on_cuda(family, size):
+    """Small: one SDPA call per attention. Kernel: 8 heads of 64 over 1024 tokens, B = 3 (25M scores), through the
+    Triton kernel with its fused q/k/v views (before the dq fix this training step crashed the H100 run)."""
+    if size == "kernel":
+        reference, accelerated = alibi_pair(family, width=512, heads=8)
+        ids, mask, labels = hf_checks.padded_decoder_batch(VOCAB, b=3, length=1024)
+        inputs = on_cuda({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    else:
+        reference, accelerated = alibi_pair(family)
+        inputs = alibi_batch()
     results = []
     for model in (reference, accelerated):
         model.train()  # dropout 0: deterministic
