@@ -464,6 +464,12 @@ def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
     got = [t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad]
     for a, b in zip(got, want_grads):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    if causal:  # with no position term auto hands SDPA the mask whole (no per-example tiles, nothing read back)
+        plain = dispatch._prepare(q, k, v, None, True, None, keep, 0.0, None, 0, backend="auto")
+        assert plain.ranges is None and dispatch._choose(plain).backend == "sdpa"
+        with torch.no_grad():
+            got = relpos.attention(q, k, v, causal=True, key_mask=keep)
+        torch.testing.assert_close(got.double(), attend(q, k, v, None, causal=True, keep=keep), atol=2e-5, rtol=1e-5)
     starts, ends = _triton._mask_bounds(keep)
     expected_bounds = ([0, 0, 18], [33, 45, 45]) if layout != "an_empty_example" else ([0, 45, 18], [33, 0, 45])
     assert (starts.tolist(), ends.tolist()) == expected_bounds

@@ -256,14 +256,15 @@ _DEVICE_KEY_MASKS = ("cuda",)
 
 
 def _key_mask_stays_on_device(query, value, bias, attn_mask, key_mask, backend, compiling: bool) -> bool:
-    """A key padding mask alone, on a call the Triton kernel will run: it reads the mask per key (``-inf`` on
-    hidden keys) and skips the blocks outside each example's first to last kept key, both from the mask on
-    the device, so nothing is read back to the CPU."""
-    return (key_mask is not None and attn_mask is None and not compiling
-            and query.device.type in _DEVICE_KEY_MASKS and backend in ("auto", "triton") and _TRITON_INSTALLED
-            and not isinstance(bias, torch.Tensor) and (bias is not None or backend == "triton")
-            and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and max(query.shape[-1], value.shape[-1]) <= _TRITON_MAX_HEAD_DIM)
+    """A key padding mask alone on a GPU, where reading its runs back to the CPU would make the CPU wait: the
+    Triton kernel reads it per key (``-inf`` on hidden keys) and skips the blocks outside each example's first to
+    last kept key, both from the mask on the device; with no position term ``auto`` hands SDPA the mask as one
+    ``(B, 1, 1, Lk)`` boolean mask, as transformers does, instead of one SDPA call per example."""
+    triton_can = (_TRITON_INSTALLED and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                  and max(query.shape[-1], value.shape[-1]) <= _TRITON_MAX_HEAD_DIM)
+    return (key_mask is not None and attn_mask is None and not compiling and not isinstance(bias, torch.Tensor)
+            and query.device.type in _DEVICE_KEY_MASKS
+            and ((backend == "auto" and (bias is None or triton_can)) or (backend == "triton" and triton_can)))
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
