@@ -9,12 +9,13 @@ import math
 import os
 import pathlib
 import sys
+from typing import Callable
 
 from .._cli import HelpFormatter
 from .._io import json_safe, write_text
 from ..encodings.buckets import STRATEGIES
 from . import runner
-from .parallel import PARALLEL
+from .parallel import PARALLEL, close_process_group
 from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS
@@ -258,7 +259,22 @@ def _interrupted(out: str) -> int:
     return 130
 
 
+def _closing(run: Callable[[], int]) -> int:
+    """``run()``, then the process group ended (:func:`relpos.experiment.parallel.close_process_group`)."""
+    try:
+        code = run()
+    except BaseException:
+        close_process_group(clean=False)
+        raise
+    close_process_group()
+    return code
+
+
 def run_from_args(args) -> int:
+    return _closing(lambda: _run_one(args))
+
+
+def _run_one(args) -> int:
     config = config_from_args(args)
     if args.estimate_only:
         runner.run(config, estimate_only=True)
@@ -274,6 +290,10 @@ def run_from_args(args) -> int:
 
 
 def run_tasks_from_args(args) -> int:
+    return _closing(lambda: _run_tasks(args))
+
+
+def _run_tasks(args) -> int:
     configs = task_configs_from_args(args)
     if args.estimate_only:
         total = sum(runner.run(c, estimate_only=True)["estimate"]["seconds"] for c in configs)
