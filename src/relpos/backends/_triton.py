@@ -110,6 +110,12 @@ def _halves(word):
 
 
 @triton.jit
+def _dropout_base(bh, Lq, Lk):
+    """The first Philox counter of (example, head) ``bh = b * H + h``: ``bh * ceil(Lq / 8) * Lk`` (:func:`_kept`)."""
+    return bh.to(tl.int64) * ((Lq + 7) // 8) * Lk
+
+
+@triton.jit
 def _seed(SEED, DROPOUT: tl.constexpr):
     """The call's dropout seed, read from a (1,) int64 tensor on the device (drawn there: a compiled graph,
     CUDA graphs included, draws a new one per call); 0 without dropout."""
@@ -224,7 +230,7 @@ def _fwd_kernel(
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h) * _LOG2E
-    rng_base = pid_bh.to(tl.int64) * ((Lq + 7) // 8) * Lk  # dropout's counters of this (example, head)
+    rng_base = _dropout_base(pid_bh, Lq, Lk)  # dropout's counters of this (example, head)
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
@@ -369,7 +375,7 @@ def _dkdv_kernel(
         do_base = DO + b * stride_db + h * stride_dh
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
-        rng_base = (b * H + h).to(tl.int64) * ((Lq + 7) // 8) * Lk
+        rng_base = _dropout_base(b * H + h, Lq, Lk)
         kb = tl.zeros([BN], tl.float32)
         if KEYBIAS:  # this key block's per-key terms for query head h
             kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n, Lk)
@@ -485,7 +491,7 @@ def _dq_kernel(
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
-    rng_base = pid_bh.to(tl.int64) * ((Lq + 7) // 8) * Lk
+    rng_base = _dropout_base(pid_bh, Lq, Lk)
     kb_row = KB + b * stride_kbb + h * stride_kbh
     slope = 0.0
     if MAIN >= 3:

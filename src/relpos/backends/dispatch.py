@@ -260,8 +260,7 @@ def _key_mask_stays_on_device(query, value, bias, attn_mask, key_mask, backend, 
     Triton kernel reads it per key (``-inf`` on hidden keys) and skips the blocks outside each example's first to
     last kept key, both from the mask on the device; with no position term ``auto`` hands SDPA the mask as one
     ``(B, 1, 1, Lk)`` boolean mask, as transformers does, instead of one SDPA call per example."""
-    triton_can = (_TRITON_INSTALLED and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                  and max(query.shape[-1], value.shape[-1]) <= _TRITON_MAX_HEAD_DIM)
+    triton_can = _TRITON_INSTALLED and _triton_refuses_inputs(query, value) is None
     return (key_mask is not None and attn_mask is None and not compiling and not isinstance(bias, torch.Tensor)
             and query.device.type in _DEVICE_KEY_MASKS
             and ((backend == "auto" and (bias is None or triton_can)) or (backend == "triton" and triton_can)))
@@ -588,6 +587,15 @@ _TRITON_MAX_HEAD_DIM = 256  # one (rows, head dim) block of q, k and v per tile 
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
+def _triton_refuses_inputs(query: torch.Tensor, value: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these inputs (their dtype, their head dimensions), or None."""
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernel takes float16, bfloat16 or float32, got {query.dtype}"
+    if max(query.shape[-1], value.shape[-1]) > _TRITON_MAX_HEAD_DIM:
+        return f"head dimensions above {_TRITON_MAX_HEAD_DIM} do not fit one tile"
+    return None
+
+
 def _triton_unavailable(call: _Call) -> str | None:
     q = call.query
     if call.dense_reason and (call.key_mask is None or isinstance(call.bias, torch.Tensor)):
@@ -598,10 +606,9 @@ def _triton_unavailable(call: _Call) -> str | None:
         return "CPU tensors run the Triton kernel only under its interpreter (TRITON_INTERPRET=1, for tests)"
     if q.device.type not in ("cpu", "cuda"):
         return f"the Triton kernel runs on CUDA GPUs, not {q.device.type}"
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"the Triton kernel takes float16, bfloat16 or float32, got {q.dtype}"
-    if max(q.shape[-1], call.value.shape[-1]) > _TRITON_MAX_HEAD_DIM:
-        return f"head dimensions above {_TRITON_MAX_HEAD_DIM} do not fit one tile"
+    refused = _triton_refuses_inputs(q, call.value)
+    if refused:
+        return refused
     if q.shape[2] == 0 or call.key_length == 0:
         return "an empty query or key: nothing to compute"
     return None
