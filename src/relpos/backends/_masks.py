@@ -87,6 +87,12 @@ def check_key_mask(key_mask, batch: int, key_length: int, *, device: torch.devic
     return key_mask
 
 
+def branch_free(tensor: torch.Tensor) -> bool:
+    """Whether code must not branch on ``tensor``'s values: under ``torch.compile`` (a data-dependent branch
+    breaks the graph) and on a GPU (reading a value back makes the CPU wait for the GPU, every call)."""
+    return torch.compiler.is_compiling() or tensor.is_cuda
+
+
 def fold_key_mask(attn_mask: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
     """One dense mask hiding what ``attn_mask`` hides and the keys ``key_mask`` (B, Lk) marks False."""
     keep = key_mask[:, None, None, :]  # (B, 1, 1, Lk)

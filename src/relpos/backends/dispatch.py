@@ -33,7 +33,7 @@ from .._checks import check_bias_heads, check_bool, check_choice, check_device, 
 from ._denormals import flushing
 from ._dropout import draw_seed, draw_seed_tensor, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
-from ._masks import KeyRanges, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
+from ._masks import KeyRanges, branch_free, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
 from ..core.bias import AdditiveBias, OffsetBias, hankel_view
@@ -547,7 +547,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
     mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk)
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
-    if torch.compiler.is_compiling() or q.is_cuda or dead.any():  # no data-dependent branch compiled, no wait on a GPU
+    if branch_free(q) or dead.any():
         mask = mask.masked_fill(dead, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..backends._masks import branch_free
 from ..backends.dispatch import attention
 from ..core.bias import OffsetBias
 
@@ -54,8 +55,8 @@ def relpos_mask(
     if attention_mask is None:
         return None
     keep = attention_mask[:, -kv_length:].bool()  # (B, <= Lk)
-    if not (torch.compiler.is_compiling() or keep.is_cuda) and keep.shape[1] == kv_length and bool(keep.all()):
-        return None  # on a GPU the check would wait for it (the mask is read on the device instead)
+    if not branch_free(keep) and keep.shape[1] == kv_length and bool(keep.all()):
+        return None
     return keep[:, None, None, :]  # (B, 1, 1, <= Lk)
 
 

@@ -53,6 +53,7 @@ from .._checks import check_choice
 from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
 from ..backends._head_dim import fused_head_dim
+from ..backends._masks import branch_free
 from ..backends.dispatch import attention
 from ._positioned import future_keys, positioned_offsets
 
@@ -357,6 +358,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None and (torch.compiler.is_compiling() or query.is_cuda or bool(dead.any())):  # no host sync on a GPU
+    if dead is not None and (branch_free(query) or bool(dead.any())):
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None
