@@ -429,7 +429,7 @@ def test_key_masks_with_holes_are_applied_per_key(layout, causal):
         assert (run(bias, q, k, v, causal=causal, key_mask=contiguous).cpu().double() - want).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("layout", ["right_and_left", "holes", "an_empty_example"])
+@pytest.mark.parametrize("layout", ["right_and_left", "holes", "an_empty_example", "batch_of_one"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
     """On a CUDA GPU a key padding mask goes to the kernel without being read back to the CPU: per key, with
@@ -440,10 +440,13 @@ def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
 
     monkeypatch.setattr(dispatch, "_DEVICE_KEY_MASKS", ("cuda", DEVICE))
     monkeypatch.setattr(dispatch, "key_ranges", lambda *a, **k: pytest.fail("the key mask was read back to the CPU"))
-    batch, length = 3, 45
+    batch, length = (1, 48) if layout == "batch_of_one" else (3, 45)
     keep = torch.ones(batch, length, dtype=torch.bool)
-    keep[0, 33:] = False  # right padding: key blocks past 33 skipped
-    keep[2, :18] = False  # left padding: blocks before 16 skipped, the one across 18 masked per key
+    if layout == "batch_of_one":
+        keep[0, :16] = False  # left padding ending on a block boundary (three whole 16-key blocks)
+    else:
+        keep[0, 33:] = False  # right padding: key blocks past 33 skipped
+        keep[2, :18] = False  # left padding: blocks before 16 skipped, the one across 18 masked per key
     if layout == "holes":
         keep[1, 7:12] = False
     elif layout == "an_empty_example":
@@ -471,7 +474,8 @@ def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
             got = relpos.attention(q, k, v, causal=True, key_mask=keep)
         torch.testing.assert_close(got.double(), attend(q, k, v, None, causal=True, keep=keep), atol=2e-5, rtol=1e-5)
     starts, ends = _triton._mask_bounds(keep)
-    expected_bounds = ([0, 0, 18], [33, 45, 45]) if layout != "an_empty_example" else ([0, 45, 18], [33, 0, 45])
+    expected_bounds = {"an_empty_example": ([0, 45, 18], [33, 0, 45]), "batch_of_one": ([16], [48])}.get(
+        layout, ([0, 0, 18], [33, 45, 45]))
     assert (starts.tolist(), ends.tolist()) == expected_bounds
 
 
