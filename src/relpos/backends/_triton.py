@@ -59,24 +59,40 @@ PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs
 
 
 @triton.jit
-def _logits(qk, rows, cols, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr):
-    """Scores in log2 units: ``q.k * scale * log2(e)`` plus the position term (``c`` and ``slope`` already times
-    log2(e); gathered values times log2(e) here).
-
-    ``rows`` and ``cols`` broadcast to the tile; ``vals`` points at offset 0 of the head's values."""
+def _logits(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            KEYS_FIRST: tl.constexpr):
+    """Scores in log2 units of the tile of queries ``m0 .. m0 + BM - 1`` and keys ``n0 .. n0 + BN - 1``, (BM, BN)
+    (``KEYS_FIRST``: (BN, BM), the dk/dv kernel's tiles): ``q.k * scale * log2(e)`` plus the position term (``c``
+    and ``slope`` already times log2(e); gathered values times log2(e) here; ``vals`` points at offset 0 of the
+    head's values). A gathered tile's addresses are the head's values at the tile's first offset ``n0 - m0`` plus
+    ``j - i`` within the tile, the same for every tile (fewer registers and instructions than absolute
+    positions: docs/benchmarks/gpu/kernel-anatomy.md)."""
     if KIND == 0:
         s = qk * qk_scale
     elif KIND == 1:
         s = qk * qk_scale + c
     elif KIND == 2:
-        s = qk * qk_scale + tl.load(vals + (cols - rows)) * _LOG2E
-    elif KIND == 3:
-        s = qk * qk_scale + slope * cols.to(tl.float32)
-    elif KIND == 4:
-        s = qk * qk_scale + slope * tl.minimum(cols - rows - q_offset, 0).to(tl.float32)
+        rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
+        s = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows)) * _LOG2E
     else:
-        s = qk * qk_scale - slope * tl.abs(cols - rows - q_offset).to(tl.float32)
+        rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
+        if KIND == 3:
+            s = qk * qk_scale + slope * cols.to(tl.float32)  # m * j
+        elif KIND == 4:
+            s = qk * qk_scale + slope * tl.minimum(cols - rows, 0).to(tl.float32)
+        else:
+            s = qk * qk_scale - slope * tl.abs(cols - rows).to(tl.float32)
     return s
+
+
+@triton.jit
+def _tile(row_vec, col_vec, KEYS_FIRST: tl.constexpr):
+    """``row_vec`` (BM,) and ``col_vec`` (BN,) shaped to broadcast over a (BM, BN) tile, or a (BN, BM) one."""
+    if KEYS_FIRST:
+        rows, cols = row_vec[None, :], col_vec[:, None]
+    else:
+        rows, cols = row_vec[:, None], col_vec[None, :]
+    return rows, cols
 
 
 @triton.jit
@@ -179,7 +195,7 @@ def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FL
 # ------------------------------------------------------------------------------------------- forward
 @triton.jit
 def _fwd_step(
-    acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, n0, lo, hi,
+    acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, m0, n0, lo, hi,
     stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
@@ -188,7 +204,7 @@ def _fwd_step(
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(qk, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    s = _logits(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, offs_m.shape[0], BN, False)
     if KEYBIAS:
         s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     if MASK:
@@ -241,26 +257,26 @@ def _fwd_kernel(
         c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(e1, e2, BN):
         for part in tl.static_range(GS):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION)
     if FLAT:
         c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                      n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
     for n0 in range(full, hi, BN):
         for part in tl.static_range(GS):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION)
     seen = l_i > 0
@@ -288,7 +304,7 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, lo, hi, Lq,
+    dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
     stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
@@ -304,7 +320,7 @@ def _dkdv_step(
         lse = tl.load(lse_row + offs_m)
         delta = tl.load(delta_row + offs_m)
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
-    st = _logits(st, offs_m[None, :], offs_n[:, None], vals, c, slope, qk_scale, q_offset, KIND)
+    st = _logits(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
     if KEYBIAS:
         st = st + kb[:, None]
     pt = tl.math.exp2(st - lse[None, :])  # (BN, BM)
@@ -381,31 +397,31 @@ def _dkdv_kernel(
             kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n, Lk)
         for m0 in range(m_start, u0, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
             c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
             for m0 in range(u0, f1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
-                                    offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                    offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                     seed, rng_base, Lk, drop_t, drop_scale, kb,
                                     D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(f1, f2, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
             c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
             for m0 in range(f2, u1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
-                                    offs_d, offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                    offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                     seed, rng_base, Lk, drop_t, drop_scale, kb,
                                     D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(u1, m_end, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
     kv_mask = offs_n[:, None] < Lk
@@ -441,7 +457,7 @@ def _dq_step(
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(s, offs_m[:, None], offs_n[None, :], vals, c, slope, qk_scale, q_offset, KIND)
+    s = _logits(s, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, BN, False)
     if KEYBIAS:
         s = s + _key_terms(kb_row, offs_n, hi)[None, :]
     p = tl.math.exp2(s - lse[:, None])

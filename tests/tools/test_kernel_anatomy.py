@@ -1,0 +1,98 @@
+"""tools/kernel_anatomy.py: relpos's Triton kernels compile for an H100 (sm_90) on this machine, which has no GPU.
+
+The CPU suite runs the kernels under Triton's interpreter, which never compiles them; this compiles the
+riskiest variants with the installed Triton's real CUDA pipeline (its own ptxas) and checks what the
+compiled loops contain. The compile runs in a subprocess: this process imported triton under
+``TRITON_INTERPRET=1`` (tests/conftest.py), where kernels cannot be compiled.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import kernel_anatomy  # noqa: E402
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   I2FP.F32.S32 R2, R3 ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;
+        /*0030*/                   MUFU.EX2 R5, R5 ;
+        /*0040*/              @!P0 FFMA.FTZ R6, R7, R8, R9 ;
+        /*0050*/                   FADD R6, R6, R6 ;
+        /*0060*/               @P1 BRA 0x20 ;
+        /*0070*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR6][R4.64] ;
+        /*0080*/                   BRA 0x70 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_sass_loops_counts_each_loop_of_a_listing():
+    """A loop is the span from a backward branch's target to the branch; predicates and modifiers are stripped."""
+    first, second = kernel_anatomy.sass_loops(LISTING)
+    assert (first["start"], first["instructions"]) == (0x20, 5)
+    assert (first["HGMMA"], first["MUFU"], first["FFMA"], first["FADD"], first["other"]) == (1, 1, 1, 1, 1)
+    assert first["I2FP"] == 0  # before the loop
+    assert (second["start"], second["instructions"], second["LDGSTS"], second["other"]) == (0x70, 2, 1, 1)
+
+
+def test_blocks_argument_names_the_rule():
+    with pytest.raises(Exception, match="BM,BN,warps,stages"):
+        kernel_anatomy._blocks_arg("64,32")
+
+
+VARIANTS = ("no term", "T5 (flat ranges)", "ALiBi", "T5, key mask on the device", "T5 table, training, dropout 0.1")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("anatomy") / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "kernel_anatomy.py"), "--only", *VARIANTS,
+                          "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text())["rows"]
+
+
+def test_kernels_compile_for_an_h100_without_spilling(rows):
+    """Each variant's forward (and the dropout training step's three backward kernels) compiles for sm_90 with the
+    GPU tile shapes: tensor-core loops (HGMMA), no register spills."""
+    kernels = {(r["variant"], r["kernel"]) for r in rows}
+    assert kernels == {(v, "fwd_kernel") for v in VARIANTS} | {
+        ("T5 table, training, dropout 0.1", k) for k in ("delta_kernel", "dkdv_kernel", "dq_kernel")}
+    for row in rows:
+        assert row["spill_bytes"] == 0, row["variant"]
+        if row["kernel"] != "delta_kernel":
+            assert row["loops"] and all(loop["HGMMA"] > 0 for loop in row["loops"]), row
+
+
+def test_forward_loops_do_one_exp2_and_at_most_one_load_per_score_at_no_terms_occupancy(rows):
+    """Per tile, 128 threads: one exp2 (MUFU) per score a thread holds, and a gathering loop one load per score
+    (plus the key and value copies); the forward with per-offset values, a key mask too, fits as many blocks on an
+    SM as the forward with no position term (4 on an H100)."""
+    forward = {r["variant"]: r for r in rows if r["kernel"] == "fwd_kernel"}
+    shapes = {"no term": (64, 64), "ALiBi": (64, 64), "T5 (flat ranges)": (64, 32)}
+    for variant, (bm, bn) in shapes.items():
+        scores = bm * bn // 128
+        for loop in forward[variant]["loops"]:
+            assert scores <= loop["MUFU"] <= scores + 4, (variant, loop)
+            assert loop["LDG"] + loop["LDGSTS"] <= (scores if variant.startswith("T5") else 0) + 8, (variant, loop)
+    for variant in ("T5 (flat ranges)", "T5, key mask on the device"):
+        assert forward[variant]["blocks_per_sm"] >= forward["no term"]["blocks_per_sm"] == 4, forward[variant]
+
+
+def test_blocks_per_sm_follows_the_occupancy_rules():
+    """Registers per warp round up to 256; each block reserves 1 KiB of shared memory (H100: 64 Ki registers,
+    228 KiB, 64 warps)."""
+    assert kernel_anatomy.blocks_per_sm(128, 56 * 1024, 4, 90) == 4  # 16 Ki registers and 57 KiB a block
+    assert kernel_anatomy.blocks_per_sm(129, 0, 4, 90) == 3  # 136 registers a thread once rounded
+    assert kernel_anatomy.blocks_per_sm(32, 100 * 1024, 4, 90) == 2  # shared memory bounds it
+    assert kernel_anatomy.blocks_per_sm(32, 0, 1, 90) == 32  # the block limit

@@ -1,0 +1,335 @@
+"""What relpos's Triton kernels compile to on a GPU, without one: registers, spills, shared memory and the
+instruction mix of every loop, per kernel variant.
+
+    python tools/kernel_anatomy.py                       # the variants below, for an H100 (sm_90), as a table
+    python tools/kernel_anatomy.py --arch 80 --json out.json
+    PYTHONPATH=/path/to/triton-3.6 python tools/kernel_anatomy.py   # the Triton the GPU machine runs
+
+Triton compiles for a CUDA target on a machine with no GPU (its wheel ships ptxas and cuobjdump): this script
+makes the CUDA target current with a stand-in driver, calls relpos's own launch code (``_launch_forward``,
+``_launch_backward``) on CPU tensors with the GPU tile shapes (``GPU_BLOCKS``), and has every kernel launch
+compile instead of run (Triton's ``warmup``). So it checks that each variant compiles for the GPU (the
+interpreter that runs the kernels in the CPU tests does not compile them), and shows what a tile costs in
+instructions: a loop's ``HGMMA`` (tensor-core steps), ``MUFU`` (exp2), FP32 arithmetic, global loads
+(``LDG``, ``LDGSTS``: asynchronous copies) per score. It times nothing: timings come from
+``benchmarks/gpu_session.py`` on a GPU (docs/benchmarks/gpu/kernel.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+#: SASS opcodes reported per loop (the rest are counted in ``other``).
+OPCODES = ("HGMMA", "MUFU", "I2F", "I2FP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "LDG", "LDGSTS", "LDS", "STS", "SHFL", "BAR")
+KERNELS = ("_fwd_kernel", "_delta_kernel", "_dkdv_kernel", "_dq_kernel")
+
+#: Per-SM limits by compute capability (NVIDIA's CUDA C++ Programming Guide, "Compute Capabilities"): 32-bit
+#: registers, shared memory a block may use (KiB; 1 KiB more is reserved per block), resident warps and blocks.
+SM_LIMITS = {80: (65536, 164, 64, 32), 86: (65536, 100, 48, 16), 89: (65536, 100, 48, 24), 90: (65536, 228, 64, 32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One call of the kernels: the bias kind and options of :class:`relpos.backends._triton.TritonSpec`."""
+
+    name: str
+    bias: str = "none"  # none | offsets | causal_linear | symmetric_linear
+    causal: bool = False
+    flat: bool = False  # T5's flat ranges (the values constant beyond max_distance)
+    ranges: bool = False  # per-example key ranges (padding skipped by tiles)
+    key_mask: bool = False  # a key mask read per key (KEYBIAS)
+    dropout: float = 0.0
+    backward: bool = False  # also the three backward kernels, with the values' gradient for per-offset values
+    deterministic: bool = False
+    dtype: str = "bfloat16"
+    head_dim: int = 64
+
+
+#: What benchmarks/gpu_session.py times (docs/benchmarks/gpu/kernel.md), plus the options it does not.
+VARIANTS = (
+    Variant("no term"),
+    Variant("T5 (flat ranges)", "offsets", flat=True),
+    Variant("per-offset, no flat range", "offsets"),
+    Variant("ALiBi", "symmetric_linear"),
+    Variant("causal ALiBi", "causal_linear", causal=True),
+    Variant("causal T5", "offsets", causal=True, flat=True),
+    Variant("T5, key ranges", "offsets", flat=True, ranges=True),
+    Variant("T5, key mask on the device", "offsets", flat=True, key_mask=True),
+    Variant("T5, dropout 0.1", "offsets", flat=True, dropout=0.1),
+    Variant("T5 table, training", "offsets", flat=True, backward=True),
+    Variant("causal T5 table, training", "offsets", causal=True, flat=True, backward=True),
+    Variant("T5 table, training, deterministic", "offsets", flat=True, backward=True, deterministic=True),
+    Variant("T5 table, training, dropout 0.1", "offsets", flat=True, backward=True, dropout=0.1),
+    Variant("T5, fp16", "offsets", flat=True, dtype="float16"),
+    Variant("T5, fp32", "offsets", flat=True, dtype="float32"),
+    Variant("T5, d = 128", "offsets", flat=True, head_dim=128),
+)
+
+
+class _TargetDriver:
+    """Triton's active driver while compiling: a CUDA target of compute capability ``arch``, nothing to launch on."""
+
+    def __init__(self, arch: int, warp_size: int = 32):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, warp_size)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        return ty
+
+
+@contextlib.contextmanager
+def compiling_for(arch: int, blocks=None):
+    """Inside: relpos's kernel launches compile for ``sm_<arch>`` and return the compiled kernels instead of
+    running; ``(kernel name, CompiledKernel)`` pairs are appended to the yielded list. ``blocks``: the
+    :class:`~relpos.backends._triton._Blocks` to compile with (the GPU's for d = 64 by default)."""
+    from triton.runtime.driver import driver
+
+    from relpos.backends import _triton
+
+    compiled: list = []
+    saved_driver, saved_blocks = driver._active, _triton._blocks
+    saved_runs = {name: getattr(_triton, name).run for name in KERNELS}
+
+    def compile_only(name, run):
+        def launch(*args, **kwargs):
+            kwargs["warmup"] = True  # Triton's own compile-without-launch
+            kernel = run(*args, **kwargs)
+            compiled.append((name, kernel))
+            return kernel
+
+        return launch
+
+    driver.set_active(_TargetDriver(arch))
+    _triton._blocks = lambda head_dim, device: blocks or saved_blocks(head_dim, torch.device("cuda"))
+    for name, run in saved_runs.items():
+        getattr(_triton, name).run = compile_only(name, run)
+    try:
+        yield compiled
+    finally:
+        for name, run in saved_runs.items():
+            getattr(_triton, name).run = run
+        _triton._blocks = saved_blocks
+        driver._active = saved_driver
+
+
+def _spec(variant: Variant, length: int):
+    from relpos.backends import _triton
+
+    kinds = {"none": _triton.BIAS_NONE, "offsets": _triton.BIAS_OFFSETS,
+             "causal_linear": _triton.BIAS_CAUSAL_LINEAR, "symmetric_linear": _triton.BIAS_SYMMETRIC_LINEAR}
+    flat = (length - 1 - 128, length - 1 + 128) if variant.flat else None  # T5's values constant past +-128
+    return _triton.TritonSpec(kinds[variant.bias], variant.causal, variant.head_dim ** -0.5, 0, flat,
+                              variant.deterministic, variant.dropout)
+
+
+def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int = 1024) -> list[tuple[str, object]]:
+    """The compiled kernels of one variant: ``[(kernel name, CompiledKernel), ...]`` (forward, then backward)."""
+    from relpos.backends import _triton
+
+    dtype = getattr(torch, variant.dtype)
+    q = torch.zeros(2, 4, length, variant.head_dim, dtype=dtype)  # (B, H, L, d): never read, only described
+    values = torch.zeros(4, 2 * length - 1)  # (H, 2L - 1)
+    padded = _triton._padded_values(values)
+    slopes = torch.ones(4)
+    starts = ends = key_terms = None
+    if variant.ranges or variant.key_mask:
+        starts, ends = torch.zeros(2, dtype=torch.int32), torch.full((2,), length, dtype=torch.int32)
+    if variant.key_mask:
+        key_terms = torch.zeros(2, 1, length)
+    seed = torch.zeros(1, dtype=torch.int64)
+    spec = _spec(variant, length)
+    with compiling_for(arch, blocks) as compiled:
+        out, lse = _triton._launch_forward(q, q, q, padded, slopes, starts, ends, key_terms, seed, spec)
+        if variant.backward:
+            _triton._launch_backward(q, q, q, q, out, lse, padded, slopes, starts, ends, key_terms, seed, spec,
+                                     bias_grad=variant.bias == "offsets")
+    return compiled
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def blocks_per_sm(registers: int, shared_bytes: int, warps: int, arch: int) -> int:
+    """How many blocks of a kernel one SM holds at once, from its registers (allocated per warp in units of 256),
+    its shared memory and its warps (the occupancy calculator's rules)."""
+    regs, smem_kib, max_warps, max_blocks = SM_LIMITS[arch]
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = (regs // per_warp) // warps
+    by_shared = int(smem_kib * 1024 // (shared_bytes + 1024))
+    return min(by_registers, by_shared, max_warps // warps, max_blocks)
+
+
+def resources(kernel, arch: int = 90) -> dict:
+    """Registers per thread, spilled bytes per thread (local memory), shared memory (bytes), and the SASS loops."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        Path(cubin).write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    return {
+        "registers": registers,
+        "spill_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+        "shared_bytes": kernel.metadata.shared,
+        "warps": kernel.metadata.num_warps,
+        "stages": kernel.metadata.num_stages,
+        "blocks_per_sm": blocks_per_sm(registers, kernel.metadata.shared, kernel.metadata.num_warps, arch),
+        "loops": sass_loops(sass),
+    }
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BACK_BRANCH = re.compile(r"\bBRA\b[^;]*?(0x[0-9a-f]+)")
+
+
+def sass_loops(sass: str) -> list[dict]:
+    """Each loop of a SASS listing (a branch to an earlier address), in address order: its instruction count and
+    the count of each of :data:`OPCODES` (predicates and modifiers stripped: ``@P0 FFMA.FTZ`` counts as FFMA)."""
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
+    loops = []
+    for address, text in instructions:
+        branch = _BACK_BRANCH.search(text)
+        if branch is None or int(branch.group(1), 16) >= address:
+            continue
+        start = int(branch.group(1), 16)
+        counts = collections.Counter(_opcode(t) for a, t in instructions if start <= a <= address)
+        mix = {op: counts.pop(op, 0) for op in OPCODES}
+        loops.append({"start": start, "instructions": sum(mix.values()) + sum(counts.values()), **mix,
+                      "other": sum(counts.values())})
+    return sorted(loops, key=lambda loop: loop["start"])
+
+
+def _opcode(text: str) -> str:
+    text = re.sub(r"^@!?U?P[T0-9]+\s+", "", text.strip())
+    return text.split()[0].split(".")[0] if text else ""
+
+
+def anatomy(variants=VARIANTS, arch: int = 90, blocks=None) -> list[dict]:
+    """One row per compiled kernel of each variant (a failed compile is a row with its error)."""
+    rows = []
+    tile = "GPU_BLOCKS" if blocks is None else _tile_name(blocks)
+    for variant in variants:
+        try:
+            kernels = compile_variant(variant, arch, blocks)
+        except Exception as error:  # noqa: BLE001 - the report names the variant that does not compile
+            rows.append({"variant": variant.name, "tile": tile, "kernel": "-",
+                         "error": f"{type(error).__name__}: {error}"[:300]})
+            continue
+        for name, kernel in kernels:
+            rows.append({"variant": variant.name, "tile": tile, "kernel": name.strip("_"), **resources(kernel, arch)})
+    return rows
+
+
+def _tile_name(blocks) -> str:
+    bm, bn, warps, stages = blocks.fwd_offsets
+    return f"{bm}x{bn}, {warps} warps, {stages} stages, gather split {blocks.gather_split}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per kernel, its loops as ``instructions (HGMMA, MUFU, I2F, FP32 ops, global loads)``."""
+    tiles = len({row["tile"] for row in rows}) > 1
+    head = "| variant | " + ("per-offset forward tile | " if tiles else "")
+    lines = [head + "kernel | registers | spilled bytes | shared KiB | blocks per SM | loops: instructions (HGMMA, MUFU, "
+             "I2F, FFMA+FADD+FMUL, loads) |", "|---|" + ("---|" if tiles else "") + "---|---|---|---|---|---|"]
+    for row in rows:
+        first = f"| {row['variant']} | " + (f"{row['tile']} | " if tiles else "")
+        if "error" in row:
+            lines.append(first + f"does not compile | | | | | {row['error']} |")
+            continue
+        loops = "; ".join(
+            f"{lp['instructions']} ({lp['HGMMA']}, {lp['MUFU']}, {lp['I2F'] + lp['I2FP']}, "
+            f"{lp['FFMA'] + lp['FADD'] + lp['FMUL']}, {lp['LDG'] + lp['LDGSTS']})" for lp in row["loops"]
+        )
+        lines.append(first + f"{row['kernel'].removesuffix('_kernel')} | {row['registers']} | {row['spill_bytes']} "
+                     f"| {row['shared_bytes'] / 1024:.0f} | {row['blocks_per_sm']} | {loops} |")
+    return "\n".join(lines)
+
+
+def page(payload: dict) -> str:
+    """The region of docs/benchmarks/gpu/kernel-anatomy.md rendered from one run's JSON."""
+    return (f"Triton {payload['triton']}, sm_{payload['arch']}, relpos at {payload['commit']}: "
+            f"`{payload['command']}`\n\n{table(payload['rows'])}\n")
+
+
+def _blocks_arg(text: str):
+    """``BM,BN,warps,stages[,gather_split]`` for the forward with per-offset values (the others as in GPU_BLOCKS)."""
+    from relpos.backends import _triton
+
+    numbers = [int(x) for x in text.split(",")] if re.fullmatch(r"\d+(,\d+){3,4}", text) else []
+    if not numbers:
+        raise argparse.ArgumentTypeError(f"--offsets-tile must be BM,BN,warps,stages[,gather_split], got {text!r}")
+    return dataclasses.replace(_triton.GPU_BLOCKS[64], fwd_offsets=tuple(numbers[:4]),
+                               gather_split=numbers[4] if len(numbers) == 5 else 1)
+
+
+def _commit() -> str:
+    """This checkout's commit, ``-modified`` when src/ differs from it."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + ("-modified" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, choices=sorted(SM_LIMITS),
+                        help="CUDA compute capability times ten (90: H100/H200)")
+    parser.add_argument("--offsets-tile", type=_blocks_arg, action="append", default=None,
+                        help="the per-offset forward's BM,BN,warps,stages[,gather_split]; repeat to compare tiles "
+                             "(default: GPU_BLOCKS)")
+    parser.add_argument("--only", nargs="*", default=None, metavar="VARIANT", help="variant names to compile (default: all)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    names = [v.name for v in VARIANTS]
+    unknown = [n for n in args.only or () if n not in names]
+    if unknown:
+        parser.error(f"--only: no variant named {', '.join(map(repr, unknown))}; the variants are {'; '.join(names)}")
+    import triton
+
+    variants = [v for v in VARIANTS if args.only is None or v.name in args.only]
+    rows = [row for blocks in args.offsets_tile or [None] for row in anatomy(variants, args.arch, blocks)]
+    payload = {"triton": triton.__version__, "arch": args.arch, "commit": _commit(),
+               "command": shlex.join(["python", "tools/kernel_anatomy.py", *argv]), "rows": rows}
+    print(page(payload))
+    if args.json is not None:
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=1) + "\n")
+        tmp.replace(args.json)
+    return 1 if any("error" in row for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
