@@ -336,7 +336,9 @@ def cases(batch, heads, length, dim):
 # ------------------------------------------------------------------------------------------- sweep
 SWEEP_FWD = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
 SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3), 2), ((64, 64, 4, 3), 1),
-                     ((128, 64, 8, 3), 1)]  # (tile, gather_split): gathering blocks in halves keep 64-wide flat blocks
+                     ((128, 64, 8, 3), 1), ((64, 64, 4, 2), 4), ((64, 64, 4, 2), 2)]
+# (tile, gather_split): gathering blocks in halves or quarters keep 64-wide flat blocks; with 2 stages and quarters
+# the kernel fits 3 blocks on an H100's SM instead of 2 (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
