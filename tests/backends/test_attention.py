@@ -142,6 +142,64 @@ def test_decode_rows_equal_parallel():
         assert torch.allclose(step, full[:, :, t : t + 1], atol=1e-6)
 
 
+def _dispatched(fn) -> "collections.Counter":
+    """The torch operators ``fn()`` dispatches (on a GPU each is a launch and CPU time before it)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func).removeprefix("aten.").removesuffix(".default")] += 1
+            return func(*args, **(kwargs or {}))
+
+    counter = Count()
+    with counter, torch.no_grad():
+        fn()
+    return counter.ops
+
+
+def test_a_decoding_row_is_one_sdpa_call_on_a_view(monkeypatch):
+    """One query over a cache (Lq = 1, q_offset = Lk - 1): no key lies in its future, so ``causal`` hides nothing and
+    is dropped; the per-offset values reach SDPA as a view, with no flip of the query or the output and, under the
+    GPU's rule (the mask in the query's dtype), no dtype conversion of bf16 values. Equal to the causal oracle."""
+    from relpos.backends import dispatch
+
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(4, bidirectional=False, init_std=1.5).to(torch.bfloat16).requires_grad_(False)
+    q, k, v = qkv(lq=1, lk=20, dtype=torch.bfloat16)
+    offsets = bias.offsets(1, 20, q_offset=19)
+    assert dispatch._prepare(q, k, v, offsets, True, None, None, 0.0, None, 19).causal is False
+    earlier = bias.offsets(1, 20, q_offset=18)
+    assert dispatch._prepare(q, k, v, earlier, True, None, None, 0.0, None, 18).causal is True  # key 19 is later
+    out = attention(q, k, v, bias=offsets, causal=True, q_offset=19)
+    expected = oracle(q, k, v, bias_oracle(bias, 1, 20, q_offset=19), causal=True, q_offset=19)
+    assert (out.double() - expected).abs().max() < 2e-2  # bf16 output
+    ops = _dispatched(lambda: attention(q, k, v, bias=offsets, causal=True, q_offset=19))
+    assert "flip" not in ops and sum(n for op, n in ops.items() if "scaled_dot_product" in op) == 1, ops
+    monkeypatch.setattr(dispatch, "_sdpa_mask_dtype", lambda query: query.dtype)  # CUDA's rule
+    ops = _dispatched(lambda: attention(q, k, v, bias=offsets, causal=True, q_offset=19))
+    assert "_to_copy" not in ops, ops  # was bf16 -> fp32 -> bf16: two launches per layer on a GPU
+
+
+def test_a_boolean_key_mask_reaches_sdpa_as_it_is():
+    """No position term and a key padding mask on a small call: SDPA takes the boolean mask itself (no float mask
+    built); an example with no kept key returns zeros, the others equal the oracle."""
+    q, k, v = qkv(lq=3, lk=13)
+    keep = torch.ones(2, 13, dtype=torch.bool)
+    keep[0, 9:] = False
+    keep[1] = False  # fully padded
+    out = attention(q, k, v, key_mask=keep)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.allclose(out[0].double(), oracle(q[:1], k[:1], v[:1], mask=keep[:1, None, None, :])[0], atol=1e-5)
+    ops = _dispatched(lambda: attention(q, k, v, key_mask=keep))
+    assert ops["masked_fill.Scalar"] == 1 and "isneginf" not in ops, ops  # only the dead row's output is zeroed
+
+
 def test_bad_inputs():
     q, k, v = qkv()
     bias = RelativePositionalBias(3)

@@ -116,6 +116,21 @@ def test_alibi_forms_and_decoding():
     assert list(ALiBi(4).parameters()) == [] and ALiBi(4).state_dict() == {}
 
 
+def test_alibi_keeps_its_last_offsets_until_the_call_or_the_slopes_change():
+    """A model's layers share one ALiBi and ask for the same offsets in turn: the second ask returns the first's
+    values; another shape, other slopes (changed in place, or a module cast) give fresh values, equal to the formula."""
+    alibi = ALiBi(2, slopes=[0.5, 0.25])
+    first = alibi.offsets(1, 9, q_offset=8)
+    assert alibi.offsets(1, 9, q_offset=8) is first
+    other = alibi.offsets(2, 9, q_offset=7)
+    assert other is not first and torch.equal(other.dense()[0, :, 1], first.dense()[0, :, 0])
+    alibi.slopes.mul_(2)  # in place
+    doubled = alibi.offsets(2, 9, q_offset=7)
+    assert torch.equal(doubled.values, 2 * other.values) and torch.equal(doubled.linear.slopes, torch.tensor([1.0, 0.5]))
+    alibi.double()  # a new buffer (as .to(device) makes)
+    assert alibi.offsets(2, 9, q_offset=7).values.dtype == torch.float64
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

@@ -227,6 +227,29 @@ def test_bloom_padding_with_holes_counts_positions_as_bloom():
     compare_training(reference, accelerated, ids, mask, labels)
 
 
+def test_contiguity_is_read_once_per_mask_and_again_when_it_changes():
+    """Every layer of a forward checks the same mask: the second check reads nothing (no operator, no read back to
+    the host); the same tensor changed in place, or another mask, is checked again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.count += 1
+            return func(*args, **(kwargs or {}))
+
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, :3] = False
+    assert hf_alibi.contiguous(mask)
+    with Ops():
+        assert hf_alibi.contiguous(mask)
+    assert Ops.count == 0
+    mask[0, 5] = False  # a hole, made in place
+    assert not hf_alibi.contiguous(mask)
+    assert hf_alibi.contiguous(torch.ones(2, 10, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("family", ["bloom", "falcon"])
 def test_the_per_key_channel_padded_to_a_head_dim_multiple_is_exact(family, monkeypatch):
     """On CUDA the extra per-key channel is padded with zeros to a head dimension of a multiple of 8 (SDPA's fused

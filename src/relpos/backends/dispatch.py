@@ -117,6 +117,7 @@ class _Call:
     q_offset: int
     dense_reason: str | None  # why only a dense (B, H, Lq, Lk) mask can express this call
     key_mask: torch.Tensor | None = None  # (B, Lk), when it is the only mask and no key ranges express it (holes)
+    small: bool = False  # fewer scores than the per-offset machinery pays off for (_is_small)
 
     @property
     def key_length(self) -> int:
@@ -133,10 +134,6 @@ class _Call:
         group = self.query.shape[1] // self.key.shape[1]
         return self.key.repeat_interleave(group, dim=1), self.value.repeat_interleave(group, dim=1)  # (B, H, Lk, d)
 
-    @property
-    def small(self) -> bool:
-        return _is_small(*self.query.shape[:3], self.key_length)
-
     def tiles(self) -> list[Tile]:
         ranges = None if self.ranges is None else tuple(zip(self.ranges.starts, self.ranges.ends))
         batch, _, query_length, _ = self.query.shape
@@ -144,15 +141,16 @@ class _Call:
             batch, query_length, self.key_length, q_offset=self.q_offset, causal=self.causal, key_ranges=ranges
         )
 
-    def offset_values(self) -> torch.Tensor:
-        """(Hb, Lq + Lk - 1) per-offset bias in the accumulation dtype, the causal mask folded in."""
+    def offset_values(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(Hb, Lq + Lk - 1) per-offset bias in ``dtype`` (default: the accumulation dtype), the causal mask
+        folded in."""
         offsets = self.bias
         query_length = self.query.shape[2]
         if offsets is None:  # no bias: zeros carry the causal mask
             zeros = torch.zeros(1, query_length + self.key_length - 1, device=self.query.device)
             offsets = OffsetBias(zeros, query_length, self.key_length, self.q_offset)
         offsets = offsets.mask_future() if self.causal else offsets
-        return offsets.values.to(accumulate_dtype(self.query.dtype))
+        return offsets.values.to(dtype or accumulate_dtype(self.query.dtype))
 
 
 def _is_small(batch: int, heads: int, query_length: int, key_length: int) -> bool:
@@ -213,6 +211,8 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
             )
         check_attn_mask(resolved, (batch, heads, query_length, key_length), name="bias", device=query.device)
     check_defines_future(bias, causal, key_length, q_offset, attn_mask)
+    if causal and key_length - 1 <= q_offset:  # no query has a later key (a decoding row): nothing to hide
+        causal = False
     ranges, dense_reason = None, None
     masked = attn_mask is not None or key_mask is not None
     only_keys = key_mask if attn_mask is None else None  # the Triton kernel takes it per key, any pattern
@@ -246,7 +246,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     return _Call(
         query, key, value, resolved, causal, attn_mask, ranges, dropout_p,
         1.0 / math.sqrt(dim) if scale is None else scale, q_offset, dense_reason,
-        key_mask=only_keys if dense_reason else None,
+        key_mask=only_keys if dense_reason else None, small=small,
     )
 
 
@@ -260,10 +260,11 @@ def _key_mask_stays_on_device(query, value, bias, attn_mask, key_mask, backend, 
     Triton kernel reads it per key (``-inf`` on hidden keys) and skips the blocks outside each example's first to
     last kept key, both from the mask on the device; with no position term ``auto`` hands SDPA the mask as one
     ``(B, 1, 1, Lk)`` boolean mask, as transformers does, instead of one SDPA call per example."""
+    if (key_mask is None or attn_mask is not None or compiling or isinstance(bias, torch.Tensor)
+            or query.device.type not in _DEVICE_KEY_MASKS):
+        return False
     triton_can = _TRITON_INSTALLED and _triton_refuses_inputs(query, value) is None
-    return (key_mask is not None and attn_mask is None and not compiling and not isinstance(bias, torch.Tensor)
-            and query.device.type in _DEVICE_KEY_MASKS
-            and ((backend == "auto" and (bias is None or triton_can)) or (backend == "triton" and triton_can)))
+    return (backend == "auto" and (bias is None or triton_can)) or (backend == "triton" and triton_can)
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
@@ -279,10 +280,6 @@ def _flex_unavailable(call: _Call) -> str | None:
         return f"flex reads a per-offset bias and key ranges; {call.dense_reason}"
     if call.dropout_p:
         return "flex_attention has no dropout"
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:  # pragma: no cover - torch >= 2.5 has it
-        return "this torch has no torch.nn.attention.flex_attention"
     if call.query.device.type == "cpu" and (_bias_grad(call) or _needs_grad(call.query, call.key, call.value)):
         return "torch's FlexAttention has no backward on CPU"
     dims = (call.query.shape[-1], call.value.shape[-1])
@@ -304,10 +301,11 @@ def _choose(call: _Call) -> BackendChoice:
     bias_grad = _bias_grad(call)
     rejected = {"eager": "the reference path: materializes (B, H, Lq, Lk) scores; never chosen automatically"}
     flex_no, fused_no = _flex_unavailable(call), _fused_unavailable(call)
-    triton_no = _triton_unavailable(call)
     if q.device.type != "cuda":
         triton_no = "a CUDA kernel (CPU tensors run it only under Triton's interpreter, for tests)"
-    elif triton_no is None and call.small:
+    else:
+        triton_no = _triton_unavailable(call)
+    if triton_no is None and call.small:
         triton_no = f"fewer than {_FUSED_MIN_SCORES} scores: one SDPA call costs less than compiling the kernel's variant"
     elif triton_no is None and call.bias is None:
         triton_no = "no position term: SDPA's own flash/cuDNN kernels are faster"
@@ -471,7 +469,7 @@ def _dense_mask(
     query_length, dtype = query.shape[2], accumulate_dtype(query.dtype)
     total = None
     if bias is not None:
-        total = (bias.dense() if isinstance(bias, OffsetBias) else bias).to(dtype)  # (1|B, H, Lq, Lk)
+        total = (_dense_bias(bias) if isinstance(bias, OffsetBias) else bias).to(dtype)  # (1|B, H, Lq, Lk)
     blocked = None
     if causal:
         blocked = relative_positions(query_length, key_length, q_offset=q_offset, device=query.device) > 0  # (Lq, Lk)
@@ -487,6 +485,12 @@ def _dense_mask(
         base = torch.zeros((), dtype=dtype, device=query.device) if total is None else total
         total = base.masked_fill(blocked, float("-inf"))
     return total
+
+
+def _dense_bias(bias: OffsetBias) -> torch.Tensor:
+    """(1, H, Lq, Lk) bias to add (read, never written): with one query the per-offset values' view is it as it is
+    (no copy); otherwise a copy with the rows in order."""
+    return bias.hankel() if bias.query_length == 1 else bias.dense()
 
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
@@ -535,20 +539,27 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
             if not (p or call.grouped or call.small or torch.compiler.is_compiling()) and fused_available(q) and _needs_grad(q, k, v):
                 return flash_attention(q, k, v, call.causal, call.scale)  # the same kernel; its backward flushed
             return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal, dropout_p=p, scale=call.scale, **gqa)
-        values = call.offset_values().to(_sdpa_mask_dtype(q))  # (Hb, Lq + Lk - 1)
+        values = call.offset_values(_sdpa_mask_dtype(q))  # (Hb, Lq + Lk - 1): one conversion at most
         if not torch.is_grad_enabled():
             values = values.detach()  # a view that requires grad would force SDPA's slow math kernel
         if call.ranges is None and (q.shape[2] <= _tiles.CAUSAL_CHUNK or torch.compiler.is_compiling()):
             # one view covers everything (no padding; causal triangle too small to skip, or shapes symbolic)
             hankel = hankel_view(values, call.key_length)  # (1, Hb, Lq, Lk) view, queries reversed
+            if q.shape[2] == 1:  # one query (a decoding step): reversed is as it is, and flipping would copy
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=hankel, dropout_p=p, scale=call.scale, **gqa)
             return F.scaled_dot_product_attention(q.flip(-2), k, v, attn_mask=hankel, dropout_p=p, scale=call.scale, **gqa).flip(-2)
         if not call.small:
             return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
-    mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk)
-    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)  # rows with nothing to attend to
-    if branch_free(q) or dead.any():
-        mask = mask.masked_fill(dead, 0.0)
+    boolean = call.attn_mask is not None and call.attn_mask.dtype == torch.bool
+    if boolean and call.bias is None and not call.causal and call.ranges is None:
+        mask = call.attn_mask  # (.., Lq, Lk) boolean, True = attend: SDPA takes it as it is
+        dead = ~mask.any(dim=-1, keepdim=True)  # rows with nothing to attend to
+    else:
+        mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk) additive
+        dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    if branch_free(q) or dead.any():  # such a row attends to every key, then its output is zeroed
+        mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
         return out.masked_fill(dead, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)

@@ -105,7 +105,18 @@ class ALiBi(RelativeBias):
         return self.slopes[:, None] * rel.to(self.slopes.dtype)  # (H, n)
 
     def offsets(self, query_length: int, key_length: int, *, q_offset: int = 0, device=None) -> OffsetBias:
-        """Per-offset values, with the closed form (:class:`LinearForm`) a GPU kernel computes in place."""
+        """Per-offset values, with the closed form (:class:`LinearForm`) a GPU kernel computes in place.
+
+        The last call's are kept: a model's layers share one ALiBi and ask for the same offsets in turn, so a
+        forward (or a decoding step) builds them once, not once per layer (half a dozen small operators, each a
+        launch on a GPU). Outside ``torch.compile``; rebuilt when the slopes or the module's device change."""
+        key = (query_length, key_length, q_offset, device, self.mode, self.slopes.data_ptr(), self.slopes._version)
+        last = self.__dict__.get("_last_offsets")  # plain attribute: not state, not a buffer
+        if last is not None and last[0] == key and not torch.compiler.is_compiling():
+            return last[1]
         offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
         slopes = self.slopes.to(device=offsets.values.device, dtype=torch.float32)  # (H,)
-        return replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))
+        offsets = replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))
+        if not torch.compiler.is_compiling():
+            self.__dict__["_last_offsets"] = (key, offsets)
+        return offsets

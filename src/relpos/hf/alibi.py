@@ -205,6 +205,9 @@ def cache_position(cache, layer_idx: int) -> torch.Tensor | int | None:
     return seen.clone() if isinstance(seen, torch.Tensor) else int(seen)
 
 
+_last_checked: tuple[torch.Tensor, int, bool] | None = None  # contiguous()'s last mask (the tensor itself) and answer
+
+
 def contiguous(key_mask: torch.Tensor) -> bool:
     """True when each row of ``key_mask`` (B, Lk) keeps one contiguous run of keys (or none).
 
@@ -213,10 +216,15 @@ def contiguous(key_mask: torch.Tensor) -> bool:
     >>> contiguous(torch.tensor([[1, 0, 1, 1]]).bool())
     False
     """
+    global _last_checked
+    if _last_checked is not None and _last_checked[0] is key_mask and _last_checked[1] == key_mask._version:
+        return _last_checked[2]  # every layer of a forward checks the one mask: read back once, not per layer
     kept = key_mask.sum(-1)  # (B,)
     first = key_mask.int().argmax(-1)  # (B,) first kept key (0 when none)
     last = key_mask.shape[-1] - 1 - key_mask.flip(-1).int().argmax(-1)  # (B,) last kept key
-    return bool(((kept == 0) | (last - first + 1 == kept)).all())
+    answer = bool(((kept == 0) | (last - first + 1 == kept)).all())
+    _last_checked = (key_mask, key_mask._version, answer)
+    return answer
 
 
 def keys_of_cache(per_key: torch.Tensor, key_length: int) -> torch.Tensor:
