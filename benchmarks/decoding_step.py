@@ -18,6 +18,8 @@ import argparse
 import collections
 import copy
 import platform
+import shlex
+import sys
 import statistics
 import subprocess
 import time
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the raw numbers here")
     parser.add_argument("--markdown", help="also write the table here (into the page's generated region)")
     args = parser.parse_args()
+    command = shlex.join(["python", "benchmarks/decoding_step.py", *sys.argv[1:]])
     families = args.families.split(",")
     unknown = sorted(set(families) - {"t5", "bloom"})
     if unknown:
@@ -156,7 +159,7 @@ def main() -> None:
     import transformers
 
     rows = [row for family in families for row in run(family, args.batch, args.length, args.steps, args.rounds)]
-    payload = {"commit": _commit(), "machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    payload = {"command": command, "commit": _commit(), "machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                "transformers": transformers.__version__, "steps": args.steps, "rounds": args.rounds, "rows": rows}
     text = page(payload)
     print(text, end="")
