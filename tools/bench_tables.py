@@ -8,8 +8,8 @@ edit -->`` and closed by ``<!-- end generated -->`` (``relpos._io.generated_begi
 page's own. Each region is rendered by the function of the script that produced the JSON (the same function its
 ``--markdown`` writes with, so re-running a table's command rewrites the same region): ``relpos.hf.bench`` for the
 model tables, ``relpos.tools.bench`` (``relpos bench``) for the attention tables, and ``benchmarks/ring.py``,
-``swin.py``, ``sam.py``, ``encoding_timings.py``, ``eager_paths.py``, ``bias_build.py``, ``tools/gpu_kernel_report.py``
-and ``tools/kernel_anatomy.py``.
+``swin.py``, ``sam.py``, ``encoding_timings.py``, ``eager_paths.py``, ``bias_build.py``, ``decoding_step.py``,
+``tools/gpu_kernel_report.py`` and ``tools/kernel_anatomy.py``.
 The headline tables (``HEADLINES``: docs/benchmarks/index.md and each area's index.md) take each number from
 one table's JSON too. ``--check`` also fails on a region no spec renders and on a JSON under docs/benchmarks/ that
 no table is rendered from (``NOT_RENDERED`` lists the exceptions and why).
@@ -99,6 +99,10 @@ def kernel_anatomy_table(payload: dict) -> str:
     return script("tools/kernel_anatomy.py").page(payload)
 
 
+def decoding_step_table(payload: dict) -> str:
+    return script("benchmarks/decoding_step.py").page(payload)
+
+
 @dataclass(frozen=True)
 class Table:
     """A region of ``page`` (under docs/benchmarks/) rendered from ``source`` (under docs/benchmarks/)."""
@@ -129,6 +133,7 @@ TABLES: list[Table] = [
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
       for run in ("", "-tiles", "-before", "-triton3.9")],
+    *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
     *_same_name("t5-family", [
         "t5", "t5-target", "t5-layer", "umt5-target", "switch_transformers", "switch_transformers-grid",
         "longt5-quiet", "longt5-tglobal-quiet", "longt5-grid-forward", "longt5-grid-generate", "longt5-grid-train",
@@ -322,6 +327,8 @@ DESCRIPTIONS: dict[str, str] = {
                                   "included (one tile shape for every forward)",
     "gpu/kernel-anatomy.md": "what the Triton kernel compiles to for an H100, without a GPU: registers, shared memory, "
                              "blocks per SM and each loop's instructions, per variant and tile shape",
+    "gpu/decoding-step.md": "the host's share of a T5 and a Bloom decoding step (time, operators, reads back), "
+                            "relpos against transformers, measured on the CPU",
     "gpu/bloom.md": "a 2-layer Bloom model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
     "gpu/mpt.md": "a 2-layer MPT model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
     "t5-family/t5.md": "T5: the grid, L 512 to 4096, B 1 and 4",
