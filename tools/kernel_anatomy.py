@@ -253,8 +253,18 @@ def anatomy(variants=VARIANTS, arch: int = 90, blocks=None) -> list[dict]:
 
 
 def _tile_name(blocks) -> str:
-    bm, bn, warps, stages = blocks.fwd_offsets
-    return f"{bm}x{bn}, {warps} warps, {stages} stages, gather split {blocks.gather_split}"
+    """What ``blocks`` changes from ``GPU_BLOCKS[64]``, e.g. ``dq 64x32, 4 warps, 3 stages``."""
+    from relpos.backends import _triton
+
+    base = _triton.GPU_BLOCKS[64]
+    changed = []
+    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq"):
+        tile = getattr(blocks, kernel)
+        if tile != getattr(base, kernel) or (kernel == "fwd_offsets" and blocks.gather_split != base.gather_split):
+            bm, bn, warps, stages = tile
+            split = f", gather split {blocks.gather_split}" if kernel == "fwd_offsets" else ""
+            changed.append(f"{'' if kernel == 'fwd_offsets' else kernel + ' '}{bm}x{bn}, {warps} warps, {stages} stages{split}")
+    return "; ".join(changed) or "GPU_BLOCKS"
 
 
 def table(rows: list[dict]) -> str:
@@ -284,14 +294,23 @@ def page(payload: dict) -> str:
 
 
 def _blocks_arg(text: str):
-    """``BM,BN,warps,stages[,gather_split]`` for the forward with per-offset values (the others as in GPU_BLOCKS)."""
+    """``[KERNEL=]BM,BN,warps,stages[,gather_split]``: one kernel's tile (KERNEL among fwd, fwd_offsets, dkdv, dq;
+    fwd_offsets, the forward that reads per-offset values, by default), the others as in GPU_BLOCKS[64]."""
     from relpos.backends import _triton
 
-    numbers = [int(x) for x in text.split(",")] if re.fullmatch(r"\d+(,\d+){3,4}", text) else []
-    if not numbers:
-        raise argparse.ArgumentTypeError(f"--offsets-tile must be BM,BN,warps,stages[,gather_split], got {text!r}")
-    return dataclasses.replace(_triton.GPU_BLOCKS[64], fwd_offsets=tuple(numbers[:4]),
-                               gather_split=numbers[4] if len(numbers) == 5 else 1)
+    kernel, _, numbers = text.rpartition("=")
+    kernel = kernel or "fwd_offsets"
+    bad = kernel not in ("fwd", "fwd_offsets", "dkdv", "dq") or not re.fullmatch(
+        r"\d+(,\d+){3,4}" if kernel == "fwd_offsets" else r"\d+(,\d+){3}", numbers)
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"a tile is [KERNEL=]BM,BN,warps,stages (fwd_offsets: [,gather_split]) with KERNEL among fwd, fwd_offsets, "
+            f"dkdv, dq; got {text!r}")
+    values = [int(x) for x in numbers.split(",")]
+    fields = {kernel: tuple(values[:4])}
+    if kernel == "fwd_offsets":
+        fields["gather_split"] = values[4] if len(values) == 5 else 1
+    return dataclasses.replace(_triton.GPU_BLOCKS[64], **fields)
 
 
 def _commit() -> str:
@@ -307,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SM_LIMITS),
                         help="CUDA compute capability times ten (90: H100/H200)")
-    parser.add_argument("--offsets-tile", type=_blocks_arg, action="append", default=None,
-                        help="the per-offset forward's BM,BN,warps,stages[,gather_split]; repeat to compare tiles "
-                             "(default: GPU_BLOCKS)")
+    parser.add_argument("--offsets-tile", "--tile", dest="tiles", type=_blocks_arg, action="append", default=None,
+                        help="[KERNEL=]BM,BN,warps,stages[,gather_split]: one kernel's tile (fwd, fwd_offsets (the "
+                             "default), dkdv, dq); repeat to compare tiles (default: GPU_BLOCKS)")
     parser.add_argument("--only", nargs="*", default=None, metavar="VARIANT", help="variant names to compile (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -320,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     variants = [v for v in VARIANTS if args.only is None or v.name in args.only]
-    rows = [row for blocks in args.offsets_tile or [None] for row in anatomy(variants, args.arch, blocks)]
+    rows = [row for blocks in args.tiles or [None] for row in anatomy(variants, args.arch, blocks)]
     payload = {"triton": triton.__version__, "arch": args.arch, "commit": _commit(),
                "command": shlex.join(["python", "tools/kernel_anatomy.py", *argv]), "rows": rows}
     print(page(payload))

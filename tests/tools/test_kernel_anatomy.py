@@ -44,9 +44,16 @@ def test_sass_loops_counts_each_loop_of_a_listing():
     assert (second["start"], second["instructions"], second["LDGSTS"], second["other"]) == (0x70, 2, 1, 1)
 
 
-def test_blocks_argument_names_the_rule():
-    with pytest.raises(Exception, match="BM,BN,warps,stages"):
-        kernel_anatomy._blocks_arg("64,32")
+def test_tile_argument_changes_one_kernel_and_names_the_rule():
+    from relpos.backends import _triton
+
+    blocks = kernel_anatomy._blocks_arg("dq=64,32,4,2")
+    assert blocks.dq == (64, 32, 4, 2) and blocks.dkdv == _triton.GPU_BLOCKS[64].dkdv
+    assert kernel_anatomy._tile_name(blocks) == "dq 64x32, 4 warps, 2 stages"
+    assert kernel_anatomy._blocks_arg("64,64,4,2,4").gather_split == 4
+    for bad in ("64,32", "dq=64,32,4,2,2", "bwd=64,32,4,2"):
+        with pytest.raises(Exception, match="BM,BN,warps,stages"):
+            kernel_anatomy._blocks_arg(bad)
 
 
 VARIANTS = ("no term", "T5 (flat ranges)", "ALiBi", "T5, key mask on the device", "T5 table, training, dropout 0.1")
