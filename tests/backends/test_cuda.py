@@ -232,3 +232,35 @@ def test_small_padded_calls_never_wait_for_the_gpu(case):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_a_captured_cuda_graph_follows_its_inputs_whatever_relpos_kept(backend):
+    """What relpos keeps between calls (ALiBi's last offsets, T5's buckets, the kernel's padded values) is neither
+    read nor kept while a CUDA graph is captured (relpos._reuse.may_reuse): after the warm-up calls that fill those
+    memos, a captured call replays with slopes and a table changed in place and equals a fresh call."""
+    torch.manual_seed(0)
+    alibi, t5 = relpos.ALiBi(HEADS, mode="symmetric").to(CUDA), strong_t5().to(CUDA)
+    q, k, v = (torch.randn(1, HEADS, 256, DIM, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
+
+    def layer():
+        return relpos.attention(relpos.attention(q, k, v, bias=alibi, backend=backend), k, v, bias=t5, backend=backend)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(2):
+            layer()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = layer()
+    before = out.clone()
+    with torch.no_grad():
+        alibi.slopes.mul_(4.0)
+        t5.relative_attention_bias.weight.mul_(-1.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh = layer()
+    torch.testing.assert_close(out, fresh, rtol=1e-2, atol=1e-2)
+    assert (out.float() - before.float()).abs().max() > 0.1  # the changes moved the output

@@ -293,6 +293,34 @@ def test_closed_forms_are_used_for_alibi_and_offsets_for_a_trained_table():
     assert t5.bias_kind == _triton.BIAS_OFFSETS and t5.flat == (11, 27)
 
 
+def test_layers_sharing_one_bias_pad_its_values_once_and_train_it_through_both(monkeypatch):
+    """Two layers of one forward reading the same per-offset values (a model's layers share one T5 bias per forward):
+    the values are padded once; both layers' gradients reach the table, equal to the fp64 oracle's. Values changed in
+    place are padded again."""
+    bias = BIASES["t5"]().to(DEVICE)
+    q, k, v = qkv(2, 24, 24)
+    q2 = torch.randn_like(q)
+    offsets = bias.offsets(24, 24)
+    pads = []
+    real_pad = torch.nn.functional.pad
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *a, **kw: pads.append(1) or real_pad(*a, **kw))
+    first = relpos.attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), bias=offsets, backend="triton")
+    second = relpos.attention(q2.to(DEVICE), first, first, bias=offsets, backend="triton")
+    assert len(pads) == 1
+    second.square().sum().backward()
+    table = bias.relative_attention_bias.weight
+    grad, table.grad = table.grad.clone(), None
+    dense = bias_oracle(bias.cpu(), 24, 24, grad=True)
+    out = attend(q2, attend(q, k, v, dense), attend(q, k, v, dense), dense)
+    out.square().sum().backward()
+    torch.testing.assert_close(grad.cpu().double(), bias.relative_attention_bias.weight.grad.double(), rtol=1e-4, atol=1e-4)
+    assert_bias_matters(out.detach(), attend(q2, attend(q, k, v), attend(q, k, v)), 1e-3)
+    with torch.no_grad():
+        offsets.values.mul_(2)  # in place: padded again
+        relpos.attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), bias=offsets, backend="triton")
+    assert len(pads) == 2
+
+
 def test_refusals_name_the_fix():
     q, k, v = qkv(1, 20, 20)
     with pytest.raises(ValueError, match="takes float16, bfloat16 or float32"):

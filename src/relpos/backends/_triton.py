@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._reuse import may_reuse
+
 __all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
@@ -635,10 +637,23 @@ def _main_kind(spec: TritonSpec) -> int:
     return SYMMETRIC if spec.bias_kind == BIAS_SYMMETRIC_LINEAR else NONE
 
 
+_last_padded: tuple[torch.Tensor, int, torch.Tensor] | None = None  # _padded_values()'s last input and result
+
+
 def _padded_values(values: torch.Tensor) -> torch.Tensor:
-    """(Hb, PAD + n + PAD) fp32 values: tiles read past either end without a bounds mask (one launch; the
-    kernels scale by log2(e) as they load)."""
-    return torch.nn.functional.pad(values.float(), (PAD, PAD))
+    """(Hb, PAD + n + PAD) fp32 values: tiles read past either end without a bounds mask (the kernels scale by
+    log2(e) as they load). The last result is kept: a model's layers share one bias per forward, so its
+    values are padded once, not once per layer (:func:`relpos._reuse.may_reuse` permitting), and again when
+    they change in place."""
+    global _last_padded
+    reuse = may_reuse(values.device)
+    last = _last_padded
+    if reuse and last is not None and last[0] is values and last[1] == values._version:
+        return last[2]
+    padded = torch.nn.functional.pad(values.float(), (PAD, PAD))
+    if reuse:
+        _last_padded = (values, values._version, padded)
+    return padded
 
 
 def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec: TritonSpec):

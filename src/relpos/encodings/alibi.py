@@ -13,6 +13,7 @@ from typing import Literal, Sequence
 import torch
 
 from .._checks import check_choice, check_device, check_int
+from .._reuse import may_reuse
 from ..core.bias import LinearForm, OffsetBias, RelativeBias
 
 __all__ = ["ALiBi", "alibi_slopes"]
@@ -109,14 +110,15 @@ class ALiBi(RelativeBias):
 
         The last call's are kept: a model's layers share one ALiBi and ask for the same offsets in turn, so a
         forward (or a decoding step) builds them once, not once per layer (half a dozen small operators, each a
-        launch on a GPU). Outside ``torch.compile``; rebuilt when the slopes or the module's device change."""
+        launch on a GPU). Where :func:`relpos._reuse.may_reuse` allows; rebuilt when the slopes or their device change."""
         key = (query_length, key_length, q_offset, device, self.mode, self.slopes.data_ptr(), self.slopes._version)
         last = self.__dict__.get("_last_offsets")  # plain attribute: not state, not a buffer
-        if last is not None and last[0] == key and not torch.compiler.is_compiling():
+        reuse = may_reuse(self.slopes.device)
+        if reuse and last is not None and last[0] == key:
             return last[1]
         offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
         slopes = self.slopes.to(device=offsets.values.device, dtype=torch.float32)  # (H,)
         offsets = replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))
-        if not torch.compiler.is_compiling():
+        if reuse:
             self.__dict__["_last_offsets"] = (key, offsets)
         return offsets

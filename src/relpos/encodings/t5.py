@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
+from .._reuse import may_reuse
 from ..core.bias import OffsetBias, RelativeBias
 from ..core.offsets import relative_offsets
 from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
@@ -119,7 +120,7 @@ class RelativePositionalBias(RelativeBias):
     def _offset_buckets(self, query_length: int, key_length: int, q_offset: int) -> torch.Tensor:
         table = self.relative_attention_bias.weight
         rel = lambda: relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # noqa: E731
-        if torch.compiler.is_compiling():  # no Python-side state inside a compiled graph
+        if not may_reuse(table.device):  # inside a compiled graph or a CUDA graph's capture: no kept state
             return self.bucket(rel())
         key = (query_length, key_length, q_offset, table.device)
         cache = self.__dict__.setdefault("_bucket_cache", {})  # plain attribute: not state, not a buffer
