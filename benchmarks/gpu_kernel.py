@@ -489,7 +489,9 @@ def main(argv=None):
                 continue
             try:
                 with torch.enable_grad() if train else torch.no_grad():
-                    variants = {n: f for n, f in build().items() if "flex" not in n}
+                    # the hand-written FlexAttention too where --flex-lengths has this length: the competitor
+                    variants = {n: f for n, f in build().items()
+                                if "flex" not in n or (n == "hand_flex" and lengths[0] in flex_lengths)}
                     res = measure(variants, train=train, rounds=args.rounds)
             except Exception as error:  # noqa: BLE001
                 print(f"throughput {case}: {type(error).__name__}: {error}", flush=True)
