@@ -336,9 +336,11 @@ def cases(batch, heads, length, dim):
 # ------------------------------------------------------------------------------------------- sweep
 SWEEP_FWD = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
 SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3), 2), ((64, 64, 4, 3), 1),
-                     ((128, 64, 8, 3), 1), ((64, 64, 4, 2), 4), ((64, 64, 4, 2), 2)]
-# (tile, gather_split): gathering blocks in halves or quarters keep 64-wide flat blocks; with 2 stages and quarters
-# the kernel fits 3 blocks on an H100's SM instead of 2 (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
+                     ((128, 64, 8, 3), 1), ((64, 64, 4, 2), 4), ((64, 64, 4, 2), 2),
+                     ((64, 64, 4, 3), 2, True), ((64, 64, 4, 2), 4, True), ((64, 64, 4, 2), 2, True)]
+# (tile, gather_split[, split_flat]): gathering blocks in halves or quarters keep 64-wide flat blocks; with 2 stages
+# and quarters the kernel fits 3 blocks on an H100's SM instead of 2; split_flat runs the flat blocks in a launch of
+# their own that fits 4, as with no position term (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
@@ -363,9 +365,9 @@ def sweep(batch, heads, length, dim, rounds) -> dict:
 
     report["fwd"] = {str(c): timed_with({"fwd": c}, None, False) for c in SWEEP_FWD}
     best["fwd"] = _fastest(report["fwd"], SWEEP_FWD)
-    report["fwd_offsets"] = {str(o): timed_with({"fwd_offsets": o[0], "gather_split": o[1]}, bias, False)
-                             for o in SWEEP_FWD_OFFSETS}
-    best["fwd_offsets"], best["gather_split"] = _fastest(report["fwd_offsets"], SWEEP_FWD_OFFSETS)
+    offsets_fields = lambda o: {"fwd_offsets": o[0], "gather_split": o[1], "split_flat": o[2] if len(o) > 2 else False}  # noqa: E731
+    report["fwd_offsets"] = {str(o): timed_with(offsets_fields(o), bias, False) for o in SWEEP_FWD_OFFSETS}
+    best.update(offsets_fields(_fastest(report["fwd_offsets"], SWEEP_FWD_OFFSETS)))
     for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):
         report[kernel] = {str(c): timed_with({kernel: c}, bias, True) for c in configs}
         best[kernel] = _fastest(report[kernel], configs)

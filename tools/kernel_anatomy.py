@@ -260,9 +260,11 @@ def _tile_name(blocks) -> str:
     changed = []
     for kernel in ("fwd", "fwd_offsets", "dkdv", "dq"):
         tile = getattr(blocks, kernel)
-        if tile != getattr(base, kernel) or (kernel == "fwd_offsets" and blocks.gather_split != base.gather_split):
+        offsets_changed = (blocks.gather_split, blocks.split_flat) != (base.gather_split, base.split_flat)
+        if tile != getattr(base, kernel) or (kernel == "fwd_offsets" and offsets_changed):
             bm, bn, warps, stages = tile
             split = f", gather split {blocks.gather_split}" if kernel == "fwd_offsets" else ""
+            split += ", flat blocks in their own launch" if kernel == "fwd_offsets" and blocks.split_flat else ""
             changed.append(f"{'' if kernel == 'fwd_offsets' else kernel + ' '}{bm}x{bn}, {warps} warps, {stages} stages{split}")
     return "; ".join(changed) or "GPU_BLOCKS"
 
@@ -300,16 +302,18 @@ def _blocks_arg(text: str):
 
     kernel, _, numbers = text.rpartition("=")
     kernel = kernel or "fwd_offsets"
+    split = kernel == "fwd_offsets" and numbers.endswith(",split")
+    numbers = numbers.removesuffix(",split") if split else numbers
     bad = kernel not in ("fwd", "fwd_offsets", "dkdv", "dq") or not re.fullmatch(
         r"\d+(,\d+){3,4}" if kernel == "fwd_offsets" else r"\d+(,\d+){3}", numbers)
     if bad:
         raise argparse.ArgumentTypeError(
-            f"a tile is [KERNEL=]BM,BN,warps,stages (fwd_offsets: [,gather_split]) with KERNEL among fwd, fwd_offsets, "
-            f"dkdv, dq; got {text!r}")
+            f"a tile is [KERNEL=]BM,BN,warps,stages (fwd_offsets: [,gather_split][,split]) with KERNEL among fwd, "
+            f"fwd_offsets, dkdv, dq; got {text!r}")
     values = [int(x) for x in numbers.split(",")]
     fields = {kernel: tuple(values[:4])}
     if kernel == "fwd_offsets":
-        fields["gather_split"] = values[4] if len(values) == 5 else 1
+        fields.update(gather_split=values[4] if len(values) == 5 else 1, split_flat=split)
     return dataclasses.replace(_triton.GPU_BLOCKS[64], **fields)
 
 
@@ -327,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SM_LIMITS),
                         help="CUDA compute capability times ten (90: H100/H200)")
     parser.add_argument("--offsets-tile", "--tile", dest="tiles", type=_blocks_arg, action="append", default=None,
-                        help="[KERNEL=]BM,BN,warps,stages[,gather_split]: one kernel's tile (fwd, fwd_offsets (the "
-                             "default), dkdv, dq); repeat to compare tiles (default: GPU_BLOCKS)")
+                        help="[KERNEL=]BM,BN,warps,stages[,gather_split][,split]: one kernel's tile (fwd, fwd_offsets (the "
+                             "default; split: the flat blocks in their own launch), dkdv, dq); repeat to compare tiles "
+                             "(default: GPU_BLOCKS)")
     parser.add_argument("--only", nargs="*", default=None, metavar="VARIANT", help="variant names to compile (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)

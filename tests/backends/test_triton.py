@@ -193,6 +193,48 @@ def test_gathering_blocks_in_half_steps(name, causal, padded, monkeypatch):
     torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, keep=keep), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "ranges", "holes"])
+def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
+    """``split_flat`` (a GPU tile option to sweep): the flat blocks in one launch compiled without the gathering code,
+    then the gathered and masked blocks from its output and log-sum-exp; outputs and gradients (the table's far
+    buckets included) equal fp64, with key ranges, a key mask with holes (per key) and a decoding chunk; one launch
+    with dropout (the two parts would draw twice)."""
+    monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks(
+        (16, 32, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1), fwd_offsets=(16, 32, 1, 1), gather_split=2, split_flat=True))
+    launches = []  # the forward kernel's launches
+    kernel_type = type(_triton._fwd_kernel)
+    real = kernel_type.__getitem__
+    monkeypatch.setattr(kernel_type, "__getitem__",
+                        lambda self, grid: (self is _triton._fwd_kernel and launches.append(grid)) or real(self, grid))
+    bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=4))
+    q, k, v = qkv(2, 80, 80, seed=5)
+    keep = {None: None, "ranges": right_and_left_padded(80, 70, 21), "holes": right_and_left_padded(80, 70, 21)}[mask]
+    if mask == "holes":
+        keep[0, 30:34] = False
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
+    want_out.square().sum().backward()
+    want = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.clone().double()]
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal,
+                           key_mask=None if keep is None else keep.to(DEVICE), backend="triton")
+    assert len(launches) == 2
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    with torch.no_grad():  # the last 20 rows over the whole cache
+        step = relpos.attention(q[:, :, 60:].to(DEVICE), k.to(DEVICE), v.to(DEVICE), bias=bias, causal=True, q_offset=60,
+                                backend="triton")
+        torch.testing.assert_close(step.cpu().double(), expected(bias, q[:, :, 60:], k, v, causal=True, q_offset=60),
+                                   atol=2e-5, rtol=1e-5)
+        launches.clear()
+        relpos.attention(*(t.to(DEVICE) for t in (q, k, v)), bias=bias, dropout_p=0.1, backend="triton")
+        assert len(launches) == 1
+
+
 def test_grouped_key_value_heads():
     bias = BIASES["kerple"]()
     q, k, v = qkv(2, 33, 33, kv_heads=2)

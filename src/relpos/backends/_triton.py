@@ -232,9 +232,15 @@ def _fwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, GS: tl.constexpr,
+    PART: tl.constexpr,
 ):
     """One query block. ``GS``: the blocks whose tiles gather per-offset values (and the masked ones) run as ``GS``
-    steps of ``BN / GS`` keys, whose address tensors fit the registers, while flat blocks take all ``BN`` at once."""
+    steps of ``BN / GS`` keys, whose address tensors fit the registers, while flat blocks take all ``BN`` at once.
+
+    ``PART`` 0: every key block. With a flat range the forward can run as two launches of the same tiles
+    (``_Blocks.split_flat``): ``PART`` 1 only the flat blocks, compiled without the gathering code, so it keeps
+    the registers and shared memory of a kernel with no position term; ``PART`` 2 the gathered and masked blocks,
+    starting from part 1's output and log-sum-exp as its softmax state (m = lse, l = 1, acc = out)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seed = _seed(SEED, DROPOUT)
     b, h = pid_bh // H, pid_bh % H
@@ -252,42 +258,51 @@ def _fwd_kernel(
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, DV_PAD], tl.float32)
-    if FLAT:
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :]  # (BM, DV)
+    o_mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < DV)
+    if PART == 2:  # part 1's rows as the softmax state: out = acc / l with l = 1 at m = lse
+        lse_1 = tl.load(LSE + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))  # (BM,) base 2
+        m_i = tl.where(lse_1 < float("inf"), lse_1, float("-inf"))
+        l_i = tl.where(lse_1 < float("inf"), 1.0, 0.0)
+        acc = tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)  # (BM, DV)
+    else:
+        m_i = tl.full([BM], float("-inf"), tl.float32)
+        l_i = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, DV_PAD], tl.float32)
+    if FLAT and PART != 2:
         c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    for n0 in range(e1, e2, BN):
-        for part in tl.static_range(GS):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION)
-    if FLAT:
+    if PART != 1:
+        for n0 in range(e1, e2, BN):
+            for part in tl.static_range(GS):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION)
+    if FLAT and PART != 2:
         c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    for n0 in range(full, hi, BN):
-        for part in tl.static_range(GS):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION)
+    if PART != 1:
+        for n0 in range(full, hi, BN):
+            for part in tl.static_range(GS):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
         out = out * drop_scale  # 1 / (1 - p) for the kept weights
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))  # base 2
-    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :],
-             out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_dv[None, :] < DV))
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
     tl.store(LSE + pid_bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -567,6 +582,7 @@ class _Blocks:
     dq: tuple[int, int, int, int]
     fwd_offsets: tuple[int, int, int, int] | None = None  # the forward that reads per-offset values; fwd if None
     gather_split: int = 1  # that forward's gathering (and masked) blocks in this many steps of BN / gather_split keys
+    split_flat: bool = False  # that forward, with a flat range and no dropout, as two launches (_fwd_kernel's PART)
 
     def forward(self, offsets: bool) -> tuple[tuple[int, int, int, int], int]:
         """(BM, BN, warps, stages) of the forward, and its GS."""
@@ -661,19 +677,23 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    (bm, bn, warps, stages), split = _blocks(dim, q.device).forward(spec.bias_kind == BIAS_OFFSETS)
+    blocks = _blocks(dim, q.device)
+    (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
-    _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
-        q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
-        *_key_args(key_terms, q.device),
-        heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
-        D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
-        CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-        KEYBIAS=key_terms is not None, GS=split, num_warps=warps, num_stages=stages, **_dropout_args(spec, seed),
-    )
+    two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
+    for part in (1, 2) if two_parts else (0,):  # part 2 reads part 1's out and lse: launched after it, in order
+        _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+            q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
+            *_key_args(key_terms, q.device),
+            heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
+            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
+            CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
+            KEYBIAS=key_terms is not None, GS=split, PART=part, num_warps=warps, num_stages=stages,
+            **_dropout_args(spec, seed),
+        )
     return out, lse
 
 
