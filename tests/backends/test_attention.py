@@ -184,6 +184,13 @@ def test_a_decoding_row_is_one_sdpa_call_on_a_view(monkeypatch):
     monkeypatch.setattr(dispatch, "_sdpa_mask_dtype", lambda query: query.dtype)  # CUDA's rule
     ops = _dispatched(lambda: attention(q, k, v, bias=offsets, causal=True, q_offset=19))
     assert "_to_copy" not in ops, ops  # was bf16 -> fp32 -> bf16: two launches per layer on a GPU
+    keep = torch.ones(2, 20, dtype=torch.bool)
+    keep[1, :6] = False  # a left-padded example: the bias and the padding in one mask, built in the query's dtype
+    ops = _dispatched(lambda: attention(q, k, v, bias=offsets, causal=True, q_offset=19, key_mask=keep))
+    assert "_to_copy" not in ops, ops
+    padded = attention(q, k, v, bias=offsets, causal=True, q_offset=19, key_mask=keep)
+    expected = oracle(q, k, v, bias_oracle(bias, 1, 20, q_offset=19), causal=True, q_offset=19, mask=keep[:, None, None, :])
+    assert (padded.double() - expected).abs().max() < 2e-2
 
 
 def test_a_boolean_key_mask_reaches_sdpa_as_it_is():

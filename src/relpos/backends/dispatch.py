@@ -464,9 +464,14 @@ def _dense_mask(
     attn_mask: torch.Tensor | None,
     q_offset: int,
     key_keep: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor | None:
-    """Bias, causal mask, ``attn_mask`` and kept keys (B, Lk) summed into one additive fp32 tensor (or None)."""
-    query_length, dtype = query.shape[2], accumulate_dtype(query.dtype)
+    """Bias, causal mask, ``attn_mask`` and kept keys (B, Lk) summed into one additive tensor (or None): in
+    ``dtype`` when nothing is added to the bias but ``-inf`` (no floating ``attn_mask``: hiding rounds nothing), else
+    in fp32 (fp64 for fp64 queries)."""
+    query_length = query.shape[2]
+    if dtype is None or (attn_mask is not None and attn_mask.dtype != torch.bool):
+        dtype = accumulate_dtype(query.dtype)
     total = None
     if bias is not None:
         total = (_dense_bias(bias) if isinstance(bias, OffsetBias) else bias).to(dtype)  # (1|B, H, Lq, Lk)
@@ -504,9 +509,9 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
-def _call_mask(call: _Call) -> torch.Tensor | None:
+def _call_mask(call: _Call, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     keep = None if call.ranges is None else call.ranges.keep(call.key_length, device=call.query.device)
-    return _dense_mask(call.query, call.key_length, call.bias, call.causal, call.attn_mask, call.q_offset, keep)
+    return _dense_mask(call.query, call.key_length, call.bias, call.causal, call.attn_mask, call.q_offset, keep, dtype)
 
 
 def _eager(call: _Call) -> torch.Tensor:
@@ -556,7 +561,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         mask = call.attn_mask  # (.., Lq, Lk) boolean, True = attend: SDPA takes it as it is
         dead = ~mask.any(dim=-1, keepdim=True)  # rows with nothing to attend to
     else:
-        mask = _call_mask(call).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk) additive
+        mask = _call_mask(call, _sdpa_mask_dtype(q)).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk) additive, built in that dtype
         dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     if branch_free(q) or dead.any():  # such a row attends to every key, then its output is zeroed
         mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
