@@ -193,6 +193,35 @@ def test_a_decoding_row_is_one_sdpa_call_on_a_view(monkeypatch):
     assert (padded.double() - expected).abs().max() < 2e-2
 
 
+def test_layers_asking_for_the_same_mask_build_it_once():
+    """A padded decoding row in every layer of a step: the same bias values and the same padding mask (a view of one
+    storage). The second layer builds no mask (only SDPA, and zeroing the rows with no key); a mask changed in place,
+    another bias, or values that train are built again; every output equals the oracle."""
+    torch.manual_seed(0)
+    bias = RelativePositionalBias(4, bidirectional=False, init_std=1.5).requires_grad_(False)
+    q, k, v = qkv(lq=1, lk=20)
+    offsets = bias.offsets(1, 20, q_offset=19)
+    keep = torch.ones(2, 20, dtype=torch.bool)
+    keep[1] = False  # an example with no key: its output is zero
+
+    def layer(mask=keep, values=offsets):
+        return attention(q, k, v, bias=values, causal=True, q_offset=19, key_mask=mask)
+
+    def want(mask):
+        return oracle(q, k, v, bias_oracle(bias, 1, 20, q_offset=19), causal=True, q_offset=19, mask=mask[:, None, None, :])
+
+    first = layer()
+    ops = _dispatched(layer)
+    assert set(ops) <= {"_scaled_dot_product_flash_attention_for_cpu", "masked_fill.Scalar", "unsqueeze", "promote_types"}, ops
+    assert torch.allclose(layer().double(), want(keep), atol=1e-5) and torch.equal(first, layer())
+    keep[1, 5:] = True  # in place: built again
+    assert "isneginf" in _dispatched(layer) and torch.allclose(layer().double(), want(keep), atol=1e-5)
+    doubled = OffsetBias(offsets.values * 2, 1, 20, 19)
+    assert "isneginf" in _dispatched(lambda: layer(values=doubled))
+    trained = OffsetBias(offsets.values.clone().requires_grad_(), 1, 20, 19)
+    assert "isneginf" in _dispatched(lambda: layer(values=trained)) and "isneginf" in _dispatched(lambda: layer(values=trained))
+
+
 def test_a_boolean_key_mask_reaches_sdpa_as_it_is():
     """No position term and a key padding mask on a small call: SDPA takes the boolean mask itself (no float mask
     built); an example with no kept key returns zeros, the others equal the oracle."""

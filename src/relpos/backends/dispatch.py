@@ -33,6 +33,7 @@ from .._checks import check_bias_heads, check_bool, check_choice, check_device, 
 from ._denormals import flushing
 from ._dropout import draw_seed, draw_seed_tensor, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
+from .._reuse import may_reuse
 from ._masks import KeyRanges, branch_free, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
@@ -556,18 +557,54 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
         if not call.small:
             return tiled_sdpa(q, k, v, values, call.tiles(), call.scale, p, enable_gqa=call.grouped)  # (B, H, Lq, dv)
         # a small causal problem: one SDPA call with a small dense mask beats one call per chunk
+    mask, dead = _sdpa_mask(call)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
+    return out if dead is None else out.masked_fill(dead, 0.0)  # rows that see no key: 0
+
+
+_last_sdpa_mask: tuple | None = None  # _sdpa_mask()'s last key, the tensors that key names (kept alive), and result
+
+
+def _sdpa_mask(call: _Call) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one mask a masked call hands SDPA, and its rows that see no key (they attend to every key there and
+    their output is zeroed after; None when there are none, which is read back only where a branch costs nothing).
+
+    The last one is kept: a model's layers ask for the same mask in turn (one bias and one padding mask per
+    forward), so a decoding step builds it once, not once per layer (on a GPU four launches a layer)."""
+    global _last_sdpa_mask
+    key, named = _sdpa_mask_key(call)
+    if key is not None and _last_sdpa_mask is not None and _last_sdpa_mask[0] == key:
+        return _last_sdpa_mask[2]
     boolean = call.attn_mask is not None and call.attn_mask.dtype == torch.bool
     if boolean and call.bias is None and not call.causal and call.ranges is None:
         mask = call.attn_mask  # (.., Lq, Lk) boolean, True = attend: SDPA takes it as it is
         dead = ~mask.any(dim=-1, keepdim=True)  # rows with nothing to attend to
     else:
-        mask = _call_mask(call, _sdpa_mask_dtype(q)).to(_sdpa_mask_dtype(q))  # (.., Lq, Lk) additive, built in that dtype
+        dtype = _sdpa_mask_dtype(call.query)
+        mask = _call_mask(call, dtype).to(dtype)  # (.., Lq, Lk) additive, built in that dtype
         dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
-    if branch_free(q) or dead.any():  # such a row attends to every key, then its output is zeroed
-        mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
-        return out.masked_fill(dead, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=call.scale, **gqa)
+    if branch_free(call.query) or dead.any():
+        result = (mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)), dead
+    else:
+        result = mask, None
+    if key is not None:
+        _last_sdpa_mask = (key, named, result)
+    return result
+
+
+def _sdpa_mask_key(call: _Call) -> tuple[tuple | None, tuple]:
+    """What :func:`_sdpa_mask`'s result depends on, and the tensors it names by storage (kept alive with the result,
+    so no other tensor can take their memory); None where nothing may be kept (:func:`relpos._reuse.may_reuse`, a
+    bias that trains, key ranges)."""
+    values = call.bias.values if isinstance(call.bias, OffsetBias) else call.bias
+    trains = any(t is not None and t.requires_grad for t in (values, call.attn_mask))
+    if not may_reuse(call.query.device) or call.ranges is not None or trains:
+        return None, ()
+    named = tuple(t for t in (values, call.attn_mask) if t is not None)
+    where = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t._version) for t in named)
+    geometry = (call.bias.query_length, call.bias.q_offset) if isinstance(call.bias, OffsetBias) else None
+    return (where, geometry, values is None, call.causal, call.q_offset, tuple(call.query.shape[:3]), call.key_length,
+            call.query.dtype, call.query.device), named
 
 
 def _sdpa_mask_dtype(query: torch.Tensor) -> torch.dtype:
