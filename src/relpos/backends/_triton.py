@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._reuse import may_reuse
+from .._reuse import KeptResult, storage_key
 
 __all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
 
@@ -653,22 +653,19 @@ def _main_kind(spec: TritonSpec) -> int:
     return SYMMETRIC if spec.bias_kind == BIAS_SYMMETRIC_LINEAR else NONE
 
 
-_last_padded: tuple[torch.Tensor, int, torch.Tensor] | None = None  # _padded_values()'s last input and result
+_last_padded = KeptResult()  # _padded_values()'s last input and result
 
 
 def _padded_values(values: torch.Tensor) -> torch.Tensor:
     """(Hb, PAD + n + PAD) fp32 values: tiles read past either end without a bounds mask (the kernels scale by
     log2(e) as they load). The last result is kept: a model's layers share one bias per forward, so its
-    values are padded once, not once per layer (:func:`relpos._reuse.may_reuse` permitting), and again when
-    they change in place."""
-    global _last_padded
-    reuse = may_reuse(values.device)
-    last = _last_padded
-    if reuse and last is not None and last[0] is values and last[1] == values._version:
-        return last[2]
-    padded = torch.nn.functional.pad(values.float(), (PAD, PAD))
-    if reuse:
-        _last_padded = (values, values._version, padded)
+    values are padded once, not once per layer (:mod:`relpos._reuse` permitting), and again when they change
+    in place."""
+    key = storage_key(values)
+    padded = _last_padded.get(key, values.device)
+    if padded is None:
+        padded = torch.nn.functional.pad(values.float(), (PAD, PAD))
+        _last_padded.keep(key, values.device, (values,), padded)
     return padded
 
 

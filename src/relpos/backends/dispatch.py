@@ -33,7 +33,7 @@ from .._checks import check_bias_heads, check_bool, check_choice, check_device, 
 from ._denormals import flushing
 from ._dropout import draw_seed, draw_seed_tensor, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
-from .._reuse import may_reuse
+from .._reuse import KeptResult, may_reuse, storage_key
 from ._masks import KeyRanges, branch_free, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
 from . import _tiles
 from ._tiles import Tile, plan_tiles
@@ -562,7 +562,7 @@ def _sdpa_forward(call: _Call) -> torch.Tensor:
     return out if dead is None else out.masked_fill(dead, 0.0)  # rows that see no key: 0
 
 
-_last_sdpa_mask: tuple | None = None  # _sdpa_mask()'s last key, the tensors that key names (kept alive), and result
+_last_sdpa_mask = KeptResult()  # _sdpa_mask()'s last key and result
 
 
 def _sdpa_mask(call: _Call) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -571,10 +571,10 @@ def _sdpa_mask(call: _Call) -> tuple[torch.Tensor, torch.Tensor | None]:
 
     The last one is kept: a model's layers ask for the same mask in turn (one bias and one padding mask per
     forward), so a decoding step builds it once, not once per layer (on a GPU four launches a layer)."""
-    global _last_sdpa_mask
     key, named = _sdpa_mask_key(call)
-    if key is not None and _last_sdpa_mask is not None and _last_sdpa_mask[0] == key:
-        return _last_sdpa_mask[2]
+    kept = None if key is None else _last_sdpa_mask.get(key, call.query.device)
+    if kept is not None:
+        return kept
     boolean = call.attn_mask is not None and call.attn_mask.dtype == torch.bool
     if boolean and call.bias is None and not call.causal and call.ranges is None:
         mask = call.attn_mask  # (.., Lq, Lk) boolean, True = attend: SDPA takes it as it is
@@ -588,7 +588,7 @@ def _sdpa_mask(call: _Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     else:
         result = mask, None
     if key is not None:
-        _last_sdpa_mask = (key, named, result)
+        _last_sdpa_mask.keep(key, call.query.device, named, result)
     return result
 
 
@@ -601,7 +601,7 @@ def _sdpa_mask_key(call: _Call) -> tuple[tuple | None, tuple]:
     if not may_reuse(call.query.device) or call.ranges is not None or trains:
         return None, ()
     named = tuple(t for t in (values, call.attn_mask) if t is not None)
-    where = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t._version) for t in named)
+    where = tuple(storage_key(t) for t in named)
     geometry = (call.bias.query_length, call.bias.q_offset) if isinstance(call.bias, OffsetBias) else None
     return (where, geometry, values is None, call.causal, call.q_offset, tuple(call.query.shape[:3]), call.key_length,
             call.query.dtype, call.query.device), named

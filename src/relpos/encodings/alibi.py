@@ -13,7 +13,7 @@ from typing import Literal, Sequence
 import torch
 
 from .._checks import check_choice, check_device, check_int
-from .._reuse import may_reuse
+from .._reuse import KeptResult, storage_key
 from ..core.bias import LinearForm, OffsetBias, RelativeBias
 
 __all__ = ["ALiBi", "alibi_slopes"]
@@ -110,15 +110,13 @@ class ALiBi(RelativeBias):
 
         The last call's are kept: a model's layers share one ALiBi and ask for the same offsets in turn, so a
         forward (or a decoding step) builds them once, not once per layer (half a dozen small operators, each a
-        launch on a GPU). Where :func:`relpos._reuse.may_reuse` allows; rebuilt when the slopes or their device change."""
-        key = (query_length, key_length, q_offset, device, self.mode, self.slopes.data_ptr(), self.slopes._version)
-        last = self.__dict__.get("_last_offsets")  # plain attribute: not state, not a buffer
-        reuse = may_reuse(self.slopes.device)
-        if reuse and last is not None and last[0] == key:
-            return last[1]
-        offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
-        slopes = self.slopes.to(device=offsets.values.device, dtype=torch.float32)  # (H,)
-        offsets = replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))
-        if reuse:
-            self.__dict__["_last_offsets"] = (key, offsets)
+        launch on a GPU). Where :mod:`relpos._reuse` allows; rebuilt when the slopes or their device change."""
+        key = (query_length, key_length, q_offset, device, self.mode, storage_key(self.slopes))
+        kept = self.__dict__.setdefault("_last_offsets", KeptResult())  # plain attribute: not state, not a buffer
+        offsets = kept.get(key, self.slopes.device)
+        if offsets is None:
+            offsets = super().offsets(query_length, key_length, q_offset=q_offset, device=device)
+            slopes = self.slopes.to(device=offsets.values.device, dtype=torch.float32)  # (H,)
+            offsets = replace(offsets, linear=LinearForm(slopes, symmetric=self.mode == "symmetric"))
+            kept.keep(key, self.slopes.device, (self.slopes,), offsets)
         return offsets

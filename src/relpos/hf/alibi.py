@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice
+from .._reuse import KeptResult, storage_key
 from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
 from ..backends._head_dim import fused_head_dim
@@ -205,7 +206,7 @@ def cache_position(cache, layer_idx: int) -> torch.Tensor | int | None:
     return seen.clone() if isinstance(seen, torch.Tensor) else int(seen)
 
 
-_last_checked: tuple[torch.Tensor, int, bool] | None = None  # contiguous()'s last mask (the tensor itself) and answer
+_last_checked = KeptResult()  # contiguous()'s last mask and answer
 
 
 def contiguous(key_mask: torch.Tensor) -> bool:
@@ -216,14 +217,15 @@ def contiguous(key_mask: torch.Tensor) -> bool:
     >>> contiguous(torch.tensor([[1, 0, 1, 1]]).bool())
     False
     """
-    global _last_checked
-    if _last_checked is not None and _last_checked[0] is key_mask and _last_checked[1] == key_mask._version:
-        return _last_checked[2]  # every layer of a forward checks the one mask: read back once, not per layer
+    key = storage_key(key_mask)
+    answer = _last_checked.get(key, key_mask.device)  # every layer of a forward checks the one mask: read once
+    if answer is not None:
+        return answer
     kept = key_mask.sum(-1)  # (B,)
     first = key_mask.int().argmax(-1)  # (B,) first kept key (0 when none)
     last = key_mask.shape[-1] - 1 - key_mask.flip(-1).int().argmax(-1)  # (B,) last kept key
     answer = bool(((kept == 0) | (last - first + 1 == kept)).all())
-    _last_checked = (key_mask, key_mask._version, answer)
+    _last_checked.keep(key, key_mask.device, (key_mask,), answer)
     return answer
 
 
