@@ -21,7 +21,6 @@ import platform
 import shlex
 import sys
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import relpos.hf
 from relpos._io import write_report
+from relpos._measure import checkout_commit
 
 
 class _Operators(TorchDispatchMode):
@@ -134,11 +134,7 @@ def page(payload: dict) -> str:
             f"rounds\n\n{markdown(payload['rows'])}\n")
 
 
-def _commit() -> str:
-    """The commit of the checkout this script is in, ``-modified`` when its src/ differs from it."""
-    root = Path(__file__).resolve().parents[1]
-    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("-modified" if git("status", "--porcelain", "src") else "")
+
 
 
 def main() -> None:
@@ -159,7 +155,7 @@ def main() -> None:
     import transformers
 
     rows = [row for family in families for row in run(family, args.batch, args.length, args.steps, args.rounds)]
-    payload = {"command": command, "commit": _commit(), "machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    payload = {"command": command, "commit": checkout_commit(Path(__file__).resolve().parents[1]), "machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                "transformers": transformers.__version__, "steps": args.steps, "rounds": args.rounds, "rows": rows}
     text = page(payload)
     print(text, end="")

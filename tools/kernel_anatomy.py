@@ -317,14 +317,6 @@ def _blocks_arg(text: str):
     return dataclasses.replace(_triton.GPU_BLOCKS[64], **fields)
 
 
-def _commit() -> str:
-    """This checkout's commit, ``-modified`` when src/ differs from it."""
-    root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True).stdout.strip()
-    return (head or "unknown") + ("-modified" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -343,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: no variant named {', '.join(map(repr, unknown))}; the variants are {'; '.join(names)}")
     import triton
 
+    from relpos._measure import checkout_commit
+
     variants = [v for v in VARIANTS if args.only is None or v.name in args.only]
     rows = [row for blocks in args.tiles or [None] for row in anatomy(variants, args.arch, blocks)]
-    payload = {"triton": triton.__version__, "arch": args.arch, "commit": _commit(),
+    payload = {"triton": triton.__version__, "arch": args.arch, "commit": checkout_commit(Path(__file__).resolve().parents[1]),
                "command": shlex.join(["python", "tools/kernel_anatomy.py", *argv]), "rows": rows}
     print(page(payload))
     if args.json is not None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gc
 import statistics
+import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -18,7 +20,17 @@ import torch
 from ._checks import check_choice, check_device, check_positive_float
 from ._progress import Progress
 
-__all__ = ["DTYPES", "add_device_arguments", "device_arguments", "fix_mmap_threshold", "is_cuda", "measure", "timed_rounds"]
+__all__ = ["DTYPES", "add_device_arguments", "checkout_commit", "device_arguments", "fix_mmap_threshold", "is_cuda",
+           "measure", "timed_rounds"]
+
+
+def checkout_commit(root: str | Path) -> str:
+    """The commit of the git checkout at ``root`` (a benchmark's results name the code that produced them),
+    ``-modified`` when its src/ differs from it; ``unknown`` outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("-modified" if git("status", "--porcelain", "src") else "")
 
 
 def is_cuda(device: str) -> bool:
