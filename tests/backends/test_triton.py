@@ -193,12 +193,13 @@ def test_gathering_blocks_in_half_steps(name, causal, padded, monkeypatch):
     torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, keep=keep), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("causal,mask", [(False, None), (True, "ranges"), (True, "holes"), (False, "holes")])
+@pytest.mark.parametrize("causal,mask", [(False, None), (True, "ranges"), (True, "holes"), (False, "holes"),
+                                         (True, "empty")])
 def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
     """``split_flat`` (a GPU tile option to sweep): the flat blocks in one launch compiled without the gathering code,
     then the gathered and masked blocks from its output and log-sum-exp; outputs and gradients (the table's far
-    buckets included) equal fp64, with key ranges, a key mask with holes (per key) and a decoding chunk; one launch
-    with dropout (the two parts would draw twice)."""
+    buckets included) equal fp64, with key ranges, a key mask with holes (per key), an example with no key and a
+    decoding chunk; one launch with dropout (the two parts would draw twice)."""
     monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks(
         (16, 32, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1), fwd_offsets=(16, 32, 1, 1), gather_split=2, split_flat=True))
     launches = []  # the forward kernel's launches
@@ -208,9 +209,11 @@ def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
                         lambda self, grid: (self is _triton._fwd_kernel and launches.append(grid)) or real(self, grid))
     bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=4))
     q, k, v = qkv(2, 80, 80, seed=5)
-    keep = {None: None, "ranges": right_and_left_padded(80, 70, 21), "holes": right_and_left_padded(80, 70, 21)}[mask]
+    keep = None if mask is None else right_and_left_padded(80, 70, 21)
     if mask == "holes":
         keep[0, 30:34] = False
+    if mask == "empty":  # an example with no key at all: zeros, and no gradient
+        keep[1] = False
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
     want_out.square().sum().backward()
