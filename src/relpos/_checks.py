@@ -59,6 +59,8 @@ def check_positive_float(name: str, value: Any) -> float:
 
 def check_probability(name: str, value: Any) -> float:
     """A dropout probability: a real number in [0, 1)."""
+    if type(value) is float and 0.0 <= value < 1.0:  # the common case, without the ABC check (as check_int)
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number in [0, 1), got {value!r} of type {type(value).__name__}")
     value = float(value)
@@ -71,6 +73,8 @@ def check_scale(name: str, value: Any) -> float | None:
     """``None`` (the default scale) or a finite real number."""
     if value is None:
         return None
+    if type(value) is float and value - value == 0.0:  # finite (inf - inf and NaN - NaN are NaN), no ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number or None, got {value!r} of type {type(value).__name__}")
     value = float(value)

@@ -212,7 +212,7 @@ def test_layers_asking_for_the_same_mask_build_it_once():
 
     first = layer()
     ops = _dispatched(layer)
-    assert set(ops) <= {"_scaled_dot_product_flash_attention_for_cpu", "masked_fill.Scalar", "unsqueeze", "promote_types"}, ops
+    assert set(ops) <= {"_scaled_dot_product_flash_attention_for_cpu", "masked_fill.Scalar", "view", "promote_types"}, ops
     assert torch.allclose(layer().double(), want(keep), atol=1e-5) and torch.equal(first, layer())
     keep[1, 5:] = True  # in place: built again
     assert "isneginf" in _dispatched(layer) and torch.allclose(layer().double(), want(keep), atol=1e-5)
@@ -222,9 +222,11 @@ def test_layers_asking_for_the_same_mask_build_it_once():
     assert "isneginf" in _dispatched(lambda: layer(values=trained)) and "isneginf" in _dispatched(lambda: layer(values=trained))
 
 
-def test_a_boolean_key_mask_reaches_sdpa_as_it_is():
-    """No position term and a key padding mask on a small call: SDPA takes the boolean mask itself (no float mask
-    built); an example with no kept key returns zeros, the others equal the oracle."""
+def test_a_boolean_key_mask_becomes_one_additive_mask_kept_between_calls():
+    """No position term and a key padding mask on a small call (T5's cross-attention in a decoding step): the first call
+    builds one additive mask in SDPA's dtype; the next layers' calls with the same mask build nothing (SDPA would convert
+    a boolean mask on every call, two operators). An example with no kept key returns zeros, the others equal the
+    oracle; a mask changed in place is built again."""
     q, k, v = qkv(lq=3, lk=13)
     keep = torch.ones(2, 13, dtype=torch.bool)
     keep[0, 9:] = False
@@ -233,7 +235,12 @@ def test_a_boolean_key_mask_reaches_sdpa_as_it_is():
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.allclose(out[0].double(), oracle(q[:1], k[:1], v[:1], mask=keep[:1, None, None, :])[0], atol=1e-5)
     ops = _dispatched(lambda: attention(q, k, v, key_mask=keep))
-    assert ops["masked_fill.Scalar"] == 1 and "isneginf" not in ops, ops  # only the dead row's output is zeroed
+    assert set(ops) <= {"_scaled_dot_product_flash_attention_for_cpu", "masked_fill.Scalar", "view"}, ops
+    assert ops["masked_fill.Scalar"] == 1, ops  # only the dead row's output is zeroed
+    keep[1, :4] = True  # in place: built again, and the example now sees its first four keys
+    assert "isneginf" in _dispatched(lambda: attention(q, k, v, key_mask=keep))
+    out = attention(q, k, v, key_mask=keep)
+    assert torch.allclose(out.double(), oracle(q, k, v, mask=keep[:, None, None, :]), atol=1e-5)
 
 
 def test_bad_inputs():

@@ -95,7 +95,7 @@ def branch_free(tensor: torch.Tensor) -> bool:
 
 def fold_key_mask(attn_mask: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
     """One dense mask hiding what ``attn_mask`` hides and the keys ``key_mask`` (B, Lk) marks False."""
-    keep = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
+    keep = key_mask.view(key_mask.shape[0], 1, 1, key_mask.shape[1])  # (B, 1, 1, Lk): view, not indexing (1 us less)
     if attn_mask is None:
         return keep
     if attn_mask.dtype == torch.bool:

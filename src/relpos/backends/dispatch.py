@@ -57,7 +57,11 @@ def resolve_bias(
     key_length = check_int("key_length", key_length, minimum=0)
     num_heads = check_int("num_heads", num_heads, minimum=1)
     q_offset = check_int("q_offset", q_offset, minimum=0)
-    device = check_device("device", device)
+    return _resolve_bias(bias, query_length, key_length, num_heads, q_offset, check_device("device", device))
+
+
+def _resolve_bias(bias: BiasLike, query_length: int, key_length: int, num_heads: int, q_offset: int, device):
+    """:func:`resolve_bias` for arguments already checked (the attention call's own shapes)."""
     if bias is None:
         return None
     if isinstance(bias, AdditiveBias):
@@ -102,9 +106,13 @@ class BackendChoice:
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Call:
-    """One attention call, validated and normalized once (what every backend reads)."""
+    """One attention call, validated and normalized once (what every backend reads; never changed after).
+
+    Not ``frozen``: a frozen dataclass sets each field through ``object.__setattr__``, 1.2 us more per attention
+    call (measured on the CPU machine of docs/benchmarks/gpu/decoding-step.md), which every decoding step pays per layer.
+    """
 
     query: torch.Tensor  # (B, H, Lq, d)
     key: torch.Tensor  # (B, Hkv, Lk, d): Hkv divides H (grouped-query attention)
@@ -164,30 +172,28 @@ def _check_qkv(query, key, value) -> None:
         check_tensor(name, t, shape="(B, H, L, d)")
         if t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, d), got shape {tuple(t.shape)}")
-    batch, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    if key.shape[0] != batch or value.shape[:2] != key.shape[:2] or key.shape[2] != value.shape[2]:
-        raise ValueError(
-            f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(key.shape)}, value {tuple(value.shape)}"
-        )
-    if heads % kv_heads:
+    (batch, heads, query_length, dim), k_shape, v_shape = query.shape, key.shape, value.shape  # read once each
+    if k_shape[0] != batch or v_shape[:3] != k_shape[:3]:
+        raise ValueError(f"key and value must be (B={batch}, Hkv, Lk, d) alike, got key {tuple(k_shape)}, value {tuple(v_shape)}")
+    if heads % k_shape[1]:
         hint = ""
-        if query.shape[2] % key.shape[2] == 0:  # dims 1 and 2 swapped would be valid: (B, L, H, d) inputs
+        if query_length % k_shape[2] == 0:  # dims 1 and 2 swapped would be valid: (B, L, H, d) inputs
             hint = ("; if your tensors are laid out (B, L, H, d), pass query.transpose(1, 2) and the same for key and "
                     "value: relpos takes (B, H, L, d)")
-        raise ValueError(f"key/value heads ({kv_heads}) must divide query heads ({heads}) for grouped-query attention{hint}")
-    if key.shape[3] != dim:
-        raise ValueError(f"key's last dimension must equal query's d={dim}, got {key.shape[3]}")
-    if dim == 0 or value.shape[3] == 0:
-        raise ValueError(f"the head dimension must be positive, got query d={dim} and value dv={value.shape[3]}")
-    if not query.dtype.is_floating_point or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"key/value heads ({k_shape[1]}) must divide query heads ({heads}) for grouped-query attention{hint}")
+    if k_shape[3] != dim:
+        raise ValueError(f"key's last dimension must equal query's d={dim}, got {k_shape[3]}")
+    if dim == 0 or v_shape[3] == 0:
+        raise ValueError(f"the head dimension must be positive, got query d={dim} and value dv={v_shape[3]}")
+    dtype, device = query.dtype, query.device
+    if not dtype.is_floating_point or key.dtype != dtype or value.dtype != dtype:
         raise TypeError(
             "query, key and value must share one floating dtype (float16, bfloat16, float32 or float64), got "
-            f"{query.dtype}, {key.dtype}, {value.dtype}; cast them with .to(dtype)"
+            f"{dtype}, {key.dtype}, {value.dtype}; cast them with .to(dtype)"
         )
-    if key.device != query.device or value.device != query.device:
+    if key.device != device or value.device != device:
         raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}; "
+            f"query, key and value must be on one device, got {device}, {key.device}, {value.device}; "
             "move them with .to(device)"
         )
 
@@ -203,7 +209,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     scale = check_scale("scale", scale)
     attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length), device=query.device)
     key_mask = check_key_mask(key_mask, batch, key_length, device=query.device)
-    resolved = resolve_bias(bias, query_length, key_length, num_heads=heads, q_offset=q_offset, device=query.device)
+    resolved = _resolve_bias(bias, query_length, key_length, heads, q_offset, query.device)
     if isinstance(resolved, torch.Tensor):  # a dense bias: an additive float tensor like a float mask
         if not resolved.dtype.is_floating_point:
             raise TypeError(
@@ -575,16 +581,12 @@ def _sdpa_mask(call: _Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     kept = None if key is None else _last_sdpa_mask.get(key, call.query.device)
     if kept is not None:
         return kept
-    boolean = call.attn_mask is not None and call.attn_mask.dtype == torch.bool
-    if boolean and call.bias is None and not call.causal and call.ranges is None:
-        mask = call.attn_mask  # (.., Lq, Lk) boolean, True = attend: SDPA takes it as it is
-        dead = ~mask.any(dim=-1, keepdim=True)  # rows with nothing to attend to
-    else:
-        dtype = _sdpa_mask_dtype(call.query)
-        mask = _call_mask(call, dtype).to(dtype)  # (.., Lq, Lk) additive, built in that dtype
-        dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    dtype = _sdpa_mask_dtype(call.query)
+    mask = _call_mask(call, dtype).to(dtype)  # (.., Lq, Lk) additive, built in that dtype (a boolean mask too:
+    # SDPA would convert it on every call, two operators; built once, the layers that share it pay nothing)
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     if branch_free(call.query) or dead.any():
-        result = (mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)), dead
+        result = mask.masked_fill(dead, 0.0), dead
     else:
         result = mask, None
     if key is not None:
@@ -596,15 +598,16 @@ def _sdpa_mask_key(call: _Call) -> tuple[tuple | None, tuple]:
     """What :func:`_sdpa_mask`'s result depends on, and the tensors it names by storage (kept alive with the result,
     so no other tensor can take their memory); None where nothing may be kept (:func:`relpos._reuse.may_reuse`, a
     bias that trains, key ranges)."""
-    values = call.bias.values if isinstance(call.bias, OffsetBias) else call.bias
-    trains = any(t is not None and t.requires_grad for t in (values, call.attn_mask))
-    if not may_reuse(call.query.device) or call.ranges is not None or trains:
-        return None, ()
+    offsets = isinstance(call.bias, OffsetBias)
+    values = call.bias.values if offsets else call.bias
     named = tuple(t for t in (values, call.attn_mask) if t is not None)
-    where = tuple(storage_key(t) for t in named)
-    geometry = (call.bias.query_length, call.bias.q_offset) if isinstance(call.bias, OffsetBias) else None
-    return (where, geometry, values is None, call.causal, call.q_offset, tuple(call.query.shape[:3]), call.key_length,
-            call.query.dtype, call.query.device), named
+    trains = (values is not None and values.requires_grad) or (call.attn_mask is not None and call.attn_mask.requires_grad)
+    if trains or call.ranges is not None or not may_reuse(call.query.device):
+        return None, ()
+    where = tuple(map(storage_key, named))
+    geometry = (call.bias.query_length, call.bias.q_offset) if offsets else None
+    q = call.query
+    return (where, geometry, values is None, call.causal, call.q_offset, q.shape[:3], call.key_length, q.dtype, q.device), named
 
 
 def _sdpa_mask_dtype(query: torch.Tensor) -> torch.dtype:

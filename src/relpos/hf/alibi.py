@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice
-from .._reuse import KeptResult, storage_key
+from .._reuse import KeptResult, may_reuse, storage_key
 from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
 from ..backends._head_dim import fused_head_dim
@@ -273,11 +273,27 @@ def _decoding_rows(query, key, value, bias: torch.Tensor, key_mask: torch.Tensor
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=terms, scale=scale, **gqa)
 
 
-def _dead_rows(key_mask: torch.Tensor, query_length: int, position: torch.Tensor | int) -> torch.Tensor:
-    """(B, Lq): queries that see no real key under the causal mask (left-padding positions)."""
+_last_dead = KeptResult()  # _dead_rows()'s last mask, query rows and answer
+
+
+def _dead_rows(key_mask: torch.Tensor, query_length: int, position: torch.Tensor | int) -> tuple[torch.Tensor, bool]:
+    """(B, 1, Lq, 1): queries that see no real key under the causal mask (left-padding positions); and whether any
+    does (True, unread, where reading it back makes the CPU wait: on a GPU, under compile).
+
+    The last is kept: every layer of a forward or a decoding step asks for the same mask's (five operators and a
+    read back per layer, otherwise)."""
+    reusable = not torch.is_tensor(position) and may_reuse(key_mask.device)  # never under compile (storage_key)
+    key = (storage_key(key_mask), query_length, position) if reusable else None
+    kept = None if key is None else _last_dead.get(key, key_mask.device)
+    if kept is not None:
+        return kept
     first = torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])  # (B,)
     rows = torch.arange(query_length, device=key_mask.device) + position  # (Lq,)
-    return rows[None, :] < first[:, None]  # (B, Lq)
+    dead = (rows[None, :] < first[:, None])[:, None, :, None]  # (B, 1, Lq, 1)
+    result = dead, branch_free(key_mask) or bool(dead.any())
+    if key is not None:
+        _last_dead.keep(key, key_mask.device, (key_mask,), result)
+    return result
 
 
 def _uniform_rows(query, key, value, scale: float, scores_learn: bool) -> torch.Tensor:
@@ -353,12 +369,13 @@ def alibi_attention(
     masks = {} if mask is None else {"key_mask": mask} if mask.dim() == 2 else {"attn_mask": mask}
     common = dict(bias=bias, causal=not static, scale=scale, dropout_p=dropout_p, q_offset=0 if static else q_offset,
                   **masks)
-    dead = None
+    dead, any_dead = None, False
     if mask is not None and mask.dim() == 2:
-        dead = _dead_rows(mask, query_length, position)[:, None, :, None]  # (B, 1, Lq, 1)
+        dead, any_dead = _dead_rows(mask, query_length, position)  # (B, 1, Lq, 1)
     elif mask is not None:
         future = future_keys(query_length, key_length, position, device=mask.device)  # (Lq, Lk)
         dead = ~(mask & ~future).any(-1, keepdim=True)  # (B, 1|H, Lq, 1)
+        any_dead = branch_free(query) or bool(dead.any())
     if output_attentions:  # the eager reference, with an identity "value" so one call returns the weights
         eye = torch.eye(key_length, dtype=query.dtype, device=query.device)
         eye = eye.expand(query.shape[0], key.shape[1], -1, -1)  # (B, Hkv, Lk, Lk)
@@ -368,6 +385,6 @@ def alibi_attention(
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)  # (B, H, Lk, dv)
         return weights @ value, weights
     out = attention(query, key, value, **common)  # (B, H, Lq, dv)
-    if dead is not None and (branch_free(query) or bool(dead.any())):
+    if any_dead:
         out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
     return out, None
