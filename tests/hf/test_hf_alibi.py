@@ -664,6 +664,57 @@ def test_decoding_rows_take_one_sdpa_call_and_equal_the_general_path():
         torch.testing.assert_close(fast, general.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_decoding_steps_per_key_term_is_built_once_for_every_layer():
+    """Bloom's and Falcon's decoding rows take the model's own per-key ALiBi (``PerKey``): the term equals the dense
+    ``(B, H, Lq, Lk)`` one the caller would build, every layer after the first builds nothing (one SDPA call: the
+    model hands each layer the same per-key tensor and mask), and another factor, a mask changed in place or another
+    per-key tensor is built again. Under gradients the term goes to the general path, equal too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(1)
+    b, h, lk, d = 2, 4, 12, 8
+    q, k, v = torch.randn(b, h, 1, d, generator=g), torch.randn(b, h, lk, d, generator=g), torch.randn(b, h, lk, d, generator=g)
+    per_key = torch.randn(b, h, lk, generator=g) * 4  # (B, H, Lk): the model's ALiBi
+    mask = torch.ones(b, lk, dtype=torch.bool)
+    mask[0, :4] = False
+
+    def layer(factor=0.5, values=per_key):
+        with torch.no_grad():
+            return hf_alibi.alibi_attention(q, k, v, bias=hf_alibi.PerKey(values, factor), mask=mask, scale=0.3)[0]
+
+    dense = (per_key[:, :, None, :] * 0.5).expand(-1, -1, 1, -1)  # (B, H, 1, Lk)
+    with torch.no_grad():
+        expected, _ = hf_alibi.alibi_attention(q, k, v, bias=dense, mask=mask, scale=0.3)
+    torch.testing.assert_close(layer(), expected, rtol=0, atol=0)
+    ops = Ops()
+    with ops:
+        again = layer()
+    assert [n for n in ops.names if "scaled_dot_product" not in n] == [] and torch.equal(again, expected), ops.names
+    for changed in (lambda: layer(factor=0.25), lambda: layer(values=per_key * 2)):
+        ops = Ops()
+        with ops:
+            changed()
+        assert any("masked_fill" in n for n in ops.names), ops.names
+    mask[1, :2] = False  # in place
+    with torch.no_grad():
+        expected, _ = hf_alibi.alibi_attention(q, k, v, bias=dense, mask=mask, scale=0.3)
+    torch.testing.assert_close(layer(), expected, rtol=0, atol=0)
+    trained = q.clone().requires_grad_()
+    general, _ = hf_alibi.alibi_attention(trained, k, v, bias=hf_alibi.PerKey(per_key, 0.5), mask=mask, scale=0.3)
+    torch.testing.assert_close(general.detach(), expected, rtol=1e-5, atol=1e-6)
+    general.sum().backward()
+    assert trained.grad is not None and trained.grad.abs().sum() > 0
+
+
 def test_bloom_without_the_private_slope_helper(monkeypatch):
     """transformers 5.17 has no modeling_bloom._get_alibi_slopes (its build_alibi_tensor computes the slopes
     inline): relpos takes Bloom's slopes from build_alibi_tensor, so the model accelerates and stays exact."""

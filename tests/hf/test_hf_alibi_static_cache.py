@@ -3,7 +3,8 @@
 A static cache hands attention its whole preallocated keys and its length as a 0-d tensor; relpos
 reads that length before the cache update (``relpos.hf.alibi.cache_position``) and builds the ALiBi of
 queries at that position, every later key at ``-inf`` (``PositionedOffsets``: no Python number, so a
-compiled decoding step is traced once). References, with the same weights:
+compiled decoding step is traced once); a few query rows (a decoding step) take the model's own per-key ALiBi
+(Bloom, Falcon) with the keys after the position hidden the same way. References, with the same weights:
 
 * Bloom: transformers' own static-cache generation;
 * Falcon: transformers' Falcon cannot run a static cache with ALiBi (its ``build_alibi_tensor`` gets
@@ -26,7 +27,6 @@ transformers = pytest.importorskip("transformers")
 import hf_checks  # noqa: E402
 import relpos.hf as rh  # noqa: E402
 import relpos.hf.alibi as hf_alibi  # noqa: E402
-from relpos.hf._positioned import PositionedOffsets  # noqa: E402
 from transformers.cache_utils import DynamicCache, StaticCache  # noqa: E402
 
 FAMILIES = hf_checks.alibi_families()
@@ -82,26 +82,43 @@ def spy_attention(monkeypatch):
     return seen
 
 
+def spy_decoding_terms(monkeypatch):
+    """Records (bias, position, terms) of every call of the few-rows path's (B, H, Lq, Lk) term."""
+    seen = []
+    real = hf_alibi._decoding_terms
+
+    def spy(bias, key_mask, query_length, key_length, position, dtype):
+        terms = real(bias, key_mask, query_length, key_length, position, dtype)
+        seen.append((bias, position, terms))
+        return terms
+
+    monkeypatch.setattr(hf_alibi, "_decoding_terms", spy)
+    return seen
+
+
 @pytest.mark.parametrize("family", GENERATING)
 def test_static_cache_generate_equals_transformers(family, monkeypatch):
-    """20 greedy steps over a 28-key cache: transformers' tokens and per-step logits. Bloom's decoding steps ran
-    on the tensor-position ALiBi over the whole cache (Falcon's take its per-key values as a dense row)."""
+    """20 greedy steps over a 28-key cache: transformers' tokens and per-step logits. Every layer of every step (the
+    9-token prompt too: a few rows) took the model's own per-key ALiBi as a dense term at the cache's position (a tensor),
+    the unseen tail and the padding at the dtype's minimum, and no relpos attention call."""
     reference, accelerated = pair(family)
     inputs, steps = prompts(), 20
-    seen = spy_attention(monkeypatch)
+    seen, terms = spy_attention(monkeypatch), spy_decoding_terms(monkeypatch)
     out = generate(accelerated, inputs, steps, cache_implementation="static")
     expected = reference_generate(family, reference, inputs, steps)
     hf_checks.same_generation(expected, out, steps)
     assert_alibi_matters(monkeypatch, family, reference, inputs, steps, expected)
     if family == "bloom":
-        positioned = [(bias, causal) for bias, causal in seen
-                      if isinstance(bias, PositionedOffsets) and isinstance(bias.position, torch.Tensor)]
         layers = accelerated.config.n_layer
-        assert len(positioned) == (steps - 1) * layers  # every layer of every decoding step
-        assert all(not causal and bias.query_length == 1 for bias, causal in positioned)
-        assert {bias.key_length for bias, _ in positioned} == {inputs["input_ids"].shape[1] + steps - 1}  # the last token is never fed back
-        first = positioned[0][0]  # step 1: the query at position 9 sees keys 0..9, the rest is the unseen tail
-        assert torch.isfinite(first.values[:, :10]).all() and torch.isneginf(first.values[:, 10:]).all()
+        assert not seen and len(terms) == steps * layers  # the prompt and steps - 1 decoding steps, each layer
+        assert all(isinstance(bias, hf_alibi.PerKey) for bias, _, _ in terms)
+        assert all(isinstance(position, torch.Tensor) for _, position, _ in terms[layers:])  # the prompt's is 0
+        keys = inputs["input_ids"].shape[1] + steps - 1  # the cache: the last token is never fed back
+        assert {t.shape[-1] for _, _, t in terms} == {keys}
+        step = terms[layers][2]  # step 1: the query at position 9 sees keys 0..9, the rest is the unseen tail
+        lowest = torch.finfo(step.dtype).min
+        assert step.shape[2] == 1 and (step[1, :, 0, :10] > lowest).all() and (step[:, :, 0, 10:] == lowest).all()
+        assert (step[0, :, 0, :3] == lowest).all() and (step[0, :, 0, 3:10] > lowest).all()  # the left padding
 
 
 @pytest.mark.parametrize("family", GENERATING)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -59,7 +60,7 @@ from ..backends.dispatch import attention
 from ._positioned import future_keys, positioned_offsets
 
 __all__ = [
-    "MASK_NAME", "alibi_attention", "cache_position", "check_fits", "contiguous", "key_padding_mask", "keys_of_cache",
+    "MASK_NAME", "PerKey", "alibi_attention", "cache_position", "check_fits", "contiguous", "key_padding_mask", "keys_of_cache",
     "patch_instances", "per_key_channel",
 ]
 
@@ -259,16 +260,54 @@ def per_key_channel(query, key, value, per_key: torch.Tensor):
     return query, key, value
 
 
-def _decoding_rows(query, key, value, bias: torch.Tensor, key_mask: torch.Tensor | None, scale: float,
-                   position: torch.Tensor | int) -> torch.Tensor:
-    """A few query rows without gradients (a decoding step): one SDPA call with the ``(B, H, Lq, Lk)``
-    additive term, the padding and the causal mask folded in as the dtype's minimum, as transformers'
-    sdpa path does (a row that sees no key gets uniform weights, as there); none of the general path's
-    per-call work, which costs more than these rows' attention."""
-    hidden = future_keys(query.shape[2], key.shape[2], position, device=query.device)  # (Lq, Lk)
+@dataclass(frozen=True)
+class PerKey:
+    """A model's own per-key ALiBi ``values`` ``(B, H, <= Lk)``, added to the scores times ``factor`` after the logit
+    scale: the exact term of a few query rows (a decoding step), with the model's own rounding (Bloom and Falcon build
+    it in the model's dtype). For those rows a ``(B, H, Lq, Lk)`` term is small and needs none of the per-offset
+    path's work per step (offsets, the padding's shape, rows that see no key)."""
+
+    values: torch.Tensor
+    factor: float
+
+    def dense(self, query_length: int, key_length: int, dtype: torch.dtype) -> torch.Tensor:
+        """``(B, H, Lq, Lk)`` in ``dtype``: the term each query row adds (zeros on a static cache's unseen keys)."""
+        per_key = keys_of_cache(self.values, key_length)  # (B, H, Lk)
+        return (per_key[:, :, None, :] * self.factor).to(dtype).expand(-1, -1, query_length, -1)
+
+
+_last_terms = KeptResult()  # _decoding_terms()'s last inputs and terms
+
+
+def _decoding_terms(bias: PerKey | torch.Tensor, key_mask: torch.Tensor | None, query_length: int, key_length: int,
+                    position: torch.Tensor | int, dtype: torch.dtype) -> torch.Tensor:
+    """``(B, H, Lq, Lk)``: ``bias`` with the padding and the causal mask folded in as the dtype's minimum, as
+    transformers' sdpa path does (a row that sees no key gets uniform weights, as there).
+
+    A :class:`PerKey`'s are kept: every layer of a decoding step passes the model's one per-key tensor and one mask,
+    so the step builds them once (a dense tensor is the caller's own, built per call: never kept)."""
+    named = () if not isinstance(bias, PerKey) else (bias.values,) if key_mask is None else (bias.values, key_mask)
+    reusable = bool(named) and not torch.is_tensor(position) and may_reuse(bias.values.device)
+    key = (tuple(map(storage_key, named)), bias.factor, query_length, key_length, position, dtype) if reusable else None
+    kept = None if key is None else _last_terms.get(key, bias.values.device)
+    if kept is not None:
+        return kept
+    dense = bias.dense(query_length, key_length, dtype) if isinstance(bias, PerKey) else bias  # (B, H, Lq, Lk)
+    hidden = future_keys(query_length, key_length, position, device=dense.device)  # (Lq, Lk)
     if key_mask is not None:
         hidden = hidden | ~key_mask.bool()[:, None, None, :]  # (B, 1, Lq, Lk)
-    terms = bias.masked_fill(hidden, torch.finfo(bias.dtype).min)  # (B, H, Lq, Lk)
+    terms = dense.masked_fill(hidden, torch.finfo(dense.dtype).min)  # (B, H, Lq, Lk)
+    if key is not None:
+        _last_terms.keep(key, bias.values.device, named, terms)
+    return terms
+
+
+def _decoding_rows(query, key, value, bias: PerKey | torch.Tensor, key_mask: torch.Tensor | None, scale: float,
+                   position: torch.Tensor | int) -> torch.Tensor:
+    """A few query rows without gradients (a decoding step): one SDPA call with the ``(B, H, Lq, Lk)``
+    additive term (:func:`_decoding_terms`); none of the general path's per-call work, which costs more than
+    these rows' attention."""
+    terms = _decoding_terms(bias, key_mask, query.shape[2], key.shape[2], position, query.dtype)  # (B, H, Lq, Lk)
     gqa = {"enable_gqa": True} if key.shape[1] != query.shape[1] else {}
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=terms, scale=scale, **gqa)
 
@@ -335,7 +374,7 @@ def alibi_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     *,
-    bias: ALiBi | torch.Tensor | None,
+    bias: ALiBi | PerKey | torch.Tensor | None,
     mask: torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
@@ -346,7 +385,8 @@ def alibi_attention(
     """Causal attention of ``Lq`` queries over ``Lk`` keys, as the ALiBi families compute it.
 
     ``query`` ``(B, H, Lq, d)``, ``key``/``value`` ``(B, Hkv, Lk, d)``; ``bias`` a per-offset ALiBi, a
-    dense additive ``(B, H, Lq, Lk)`` term for a few query rows (decoding), or ``None`` when the caller
+    model's per-key term (:class:`PerKey`) or a dense additive ``(B, H, Lq, Lk)`` one for a few query rows
+    (decoding), or ``None`` when the caller
     folded its bias into the channels; ``mask`` the key padding mask ``(B, Lk)``
     or a boolean ``(B, 1, Lq, Lk)`` mask (``True`` = attend), causal or not (the causal mask is applied).
     ``position``: the cache position of the first query (:func:`cache_position`); None or ``Lk - Lq``:
@@ -360,8 +400,11 @@ def alibi_attention(
     q_offset = key_length - query_length
     static = position is not None and (torch.is_tensor(position) or position != q_offset)
     position = position if static else q_offset
-    if torch.is_tensor(bias) and not output_attentions and not torch.is_grad_enabled() and (mask is None or mask.dim() == 2):
+    dense_term = torch.is_tensor(bias) or isinstance(bias, PerKey)
+    if dense_term and not output_attentions and not torch.is_grad_enabled() and (mask is None or mask.dim() == 2):
         return _decoding_rows(query, key, value, bias, mask, scale, position), None
+    if isinstance(bias, PerKey):  # gradients, weights or a 4-D mask: the general path with the dense term
+        bias = bias.dense(query_length, key_length, query.dtype)  # (B, H, Lq, Lk)
     if isinstance(bias, ALiBi) and bias.slopes.device != query.device:  # built on the CPU (or the model moved): once
         bias.to(query.device)
     if static:  # the causal mask at the cache position, in the bias

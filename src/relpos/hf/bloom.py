@@ -21,7 +21,7 @@ from torch import nn
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import (
-    alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances, per_key_channel,
+    PerKey, alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances, per_key_channel,
 )
 
 __all__ = ["FAMILY"]
@@ -32,16 +32,20 @@ _ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "he
                "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx", "_reshape")
 
 
-_DECODING_ROWS = 16  # at most this many query rows on a GPU: the per-key path, whose mask needs no check
+#: at most this many query rows (a decoding step) take Bloom's own per-key ALiBi as a (B, H, Lq, Lk) term: as small as
+#: the per-offset path's, exact for any mask (no check of the padding's shape), and built once per step for every
+#: layer (the per-offset path's offsets, padding check and dead rows cost the CPU machine's 2-layer Bloom step
+#: 0.77x transformers' speed, docs/benchmarks/gpu/decoding-step.md)
+_DECODING_ROWS = 16
 
 
-def _per_offset_fits(attention_mask: torch.Tensor | None, query_length: int) -> bool:
+def _per_offset_fits(attention_mask: torch.Tensor | None) -> bool:
     """Whether Bloom's per-key ALiBi equals the per-offset one here: no 2-D mask, or one run of real keys per row
-    (eagerly checked; under ``torch.compile``, and for a GPU's decoding rows, a 2-D mask is not checked: the check
-    would be a data-dependent branch or a wait for the GPU, and the per-key path, exact for any mask, serves it)."""
+    (eagerly checked; under ``torch.compile`` a 2-D mask is not checked: the check would be a data-dependent branch,
+    and the per-key path, exact for any mask, serves it)."""
     if attention_mask is None or attention_mask.dim() != 2:
         return True
-    if torch.compiler.is_compiling() or (attention_mask.is_cuda and query_length <= _DECODING_ROWS):
+    if torch.compiler.is_compiling():
         return False
     return contiguous(attention_mask)
 
@@ -56,8 +60,10 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
-    if _per_offset_fits(attention_mask, query_length):
-        out, weights = alibi_attention(query, key, value, bias=alibi_bias, mask=attention_mask, scale=scale,
+    if query_length <= _DECODING_ROWS or _per_offset_fits(attention_mask):
+        # Bloom's scores: inv_norm_factor * q.k + beta * alibi (baddbmm); a few rows take its own alibi as it is
+        few = PerKey(alibi.view(batch, module.num_heads, -1), module.beta) if query_length <= _DECODING_ROWS else None
+        out, weights = alibi_attention(query, key, value, bias=few or alibi_bias, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions, position=position)
     else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel
         per_key = alibi.view(batch, module.num_heads, -1).float() * (module.beta / scale)  # (B, H, Lk)

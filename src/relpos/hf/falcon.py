@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import nn
 
 from ._family import Family, register
-from .alibi import alibi_attention, cache_position, check_fits, keys_of_cache, patch_instances, per_key_channel
+from .alibi import PerKey, alibi_attention, cache_position, check_fits, patch_instances, per_key_channel
 
 __all__ = ["FAMILY"]
 
@@ -48,10 +48,10 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
     position = cache_position(layer_past, module.layer_idx)  # before the update adds this call's keys
     if layer_past is not None:
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, Hkv, Lk, d)
-    per_key = keys_of_cache(alibi.view(batch, module.num_heads, -1), key.shape[2])  # (B, H, Lk): before the 1/sqrt(d)
+    per_key = alibi.view(batch, module.num_heads, -1)  # (B, H, <= Lk): added before the 1/sqrt(d)
     bias = None
     if query_length <= _DENSE_ROWS:  # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache
-        bias = (per_key[:, :, None, :] * module.inv_norm_factor).to(query.dtype).expand(-1, -1, query_length, -1)
+        bias = PerKey(per_key, module.inv_norm_factor)
     else:  # a prompt: the per-key term folded into one extra channel, O(B H L)
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
     out, weights = alibi_attention(
