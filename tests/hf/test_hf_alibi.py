@@ -715,6 +715,24 @@ def test_a_decoding_steps_per_key_term_is_built_once_for_every_layer():
     assert trained.grad is not None and trained.grad.abs().sum() > 0
 
 
+def test_dead_rows_are_kept_per_mask_rows_and_position():
+    """The rows that see no key (left-padding queries) are kept for the next layer's call with the same mask; the same
+    mask at another position or with other rows, or changed in place, gives its own answer (oracle: first real key)."""
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, :4] = False  # example 0's first real key is 4
+
+    def oracle(rows, position):
+        first = torch.tensor([4, 0])
+        return (torch.arange(rows)[None, :] + position < first[:, None])[:, None, :, None]  # (B, 1, Lq, 1)
+
+    for rows, position in ((3, 0), (3, 2), (3, 5), (6, 0), (3, 0)):
+        dead, any_dead = hf_alibi._dead_rows(mask, rows, position)
+        assert torch.equal(dead, oracle(rows, position)) and any_dead == bool(oracle(rows, position).any())
+    mask[0, :4] = True  # in place: no dead row any more
+    dead, any_dead = hf_alibi._dead_rows(mask, 3, 0)
+    assert not dead.any() and not any_dead
+
+
 def test_bloom_without_the_private_slope_helper(monkeypatch):
     """transformers 5.17 has no modeling_bloom._get_alibi_slopes (its build_alibi_tensor computes the slopes
     inline): relpos takes Bloom's slopes from build_alibi_tensor, so the model accelerates and stays exact."""
