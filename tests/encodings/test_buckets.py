@@ -78,6 +78,24 @@ def test_equals_transformers_on_ranges(config, low, span):
     assert torch.equal(t5_bucket(rel, **kwargs), hf_bucket(rel, **kwargs))
 
 
+@settings(max_examples=80, deadline=None)
+@given(config=valid_configs(), strategy=st.sampled_from(STRATEGIES), low=st.integers(-5000, 5000),
+       span=st.integers(1, 5000))
+def test_offset_buckets_slice_the_kept_ramp_exactly(config, strategy, low, span):
+    """Any range of offsets, read from the kept ramp (which grows past its first 1023 offsets), equals the bucket
+    function (transformers' for the log strategy) on the same offsets."""
+    from relpos.encodings.buckets import offset_buckets
+
+    bidirectional, num_buckets, max_distance = config
+    kwargs = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    high = min(low + span - 1, 5000)
+    got = offset_buckets(low, high, strategy=strategy, **kwargs)
+    rel = torch.arange(low, high + 1)
+    assert torch.equal(got, relative_position_bucket(rel, strategy=strategy, **kwargs))
+    if strategy == "log":
+        assert torch.equal(got, hf_bucket(rel, **kwargs))
+
+
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_equals_transformers_extreme_values(bidirectional):
     rel = torch.tensor([-(2**62), -(2**31), -(2**24) - 1, -1, 0, 1, 2**24 + 1, 2**31, 2**62])
@@ -276,3 +294,14 @@ def test_bucket_tables_are_bounded_by_the_number_of_buckets():
     assert table["buckets"][-1]["high"] is None and table["buckets"][1]["low"] is None
     ranges = relpos.bucket_ranges(2000, 10**9)
     assert len(ranges) == 1999 and ranges[0].low == 0 and ranges[-1].high is None  # bucket 1000 (future d = 0) unused
+
+
+def test_offset_buckets_bad_ranges():
+    from relpos.encodings.buckets import offset_buckets
+
+    with pytest.raises(ValueError, match="low <= high.*low=3, high=2"):
+        offset_buckets(3, 2)
+    with pytest.raises(TypeError, match="high must be an int, got 2.5"):
+        offset_buckets(0, 2.5)
+    with pytest.raises(ValueError, match="device must name a device"):
+        offset_buckets(0, 2, device="gpu0")

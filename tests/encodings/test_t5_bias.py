@@ -218,23 +218,31 @@ def test_bad_lengths():
         bias(2, 3, q_offset=-1)
 
 
-def test_offset_buckets_are_cached_per_shape_and_bounded():
-    """offsets() keeps the last few bucket vectors: equal values (and table gradients) on a hit, at most
-    BUCKET_CACHE shapes kept, and nothing of it in the state dict."""
-    from relpos.encodings import t5 as t5_module
+def test_offset_buckets_are_a_view_of_kept_ones(monkeypatch):
+    """offsets() reads its buckets from one kept ramp (a view, no bucket function per call): equal values (and table
+    gradients) to the bucket function at every shape, every decoding position and beyond the first ramp's reach (it
+    grows); two calls share storage; under torch.compile's rule (nothing kept) the same values; nothing of it in the
+    state dict."""
+    from relpos._reuse import may_reuse
+    from relpos.encodings import buckets as buckets_module
 
     bias = relpos.RelativePositionalBias(4, num_buckets=16, max_distance=32)
-    first = bias.offsets(40, 50, q_offset=3).values
-    again = bias.offsets(40, 50, q_offset=3)
-    assert torch.equal(first, again.values) and again.flat == (-32, 32)
-    expected = bias.relative_attention_bias(bias.bucket(relpos.relative_offsets(40, 50, q_offset=3))).T
-    assert torch.equal(again.values, expected)
-    again.values.sum().backward()
+
+    def expected(lq, lk, q_offset):
+        return bias.relative_attention_bias(bias.bucket(relpos.relative_offsets(lq, lk, q_offset=q_offset))).T
+
+    first = bias.offsets(40, 50, q_offset=3)
+    assert torch.equal(first.values, expected(40, 50, 3)) and first.flat == (-32, 32)
+    first.values.sum().backward()
     assert bias.relative_attention_bias.weight.grad.abs().sum() > 0
     for q_offset in range(10):  # decoding: one query at every position of a cache of 10 keys
-        step = bias.offsets(1, 10, q_offset=q_offset).values
-        torch.testing.assert_close(step, bias.relative_attention_bias(bias.bucket(relpos.relative_offsets(1, 10, q_offset=q_offset))).T)
-    for length in range(1, 20):
-        bias.offsets(length, length)
-    assert len(bias._bucket_cache) == t5_module.BUCKET_CACHE
+        torch.testing.assert_close(bias.offsets(1, 10, q_offset=q_offset).values, expected(1, 10, q_offset))
+    long = bias.offsets(3, 3000, q_offset=2000)  # past the first ramp (offsets up to 1023): it grows
+    torch.testing.assert_close(long.values, expected(3, 3000, 2000))
+    a, b = bias._offset_buckets(5, 9, 2), bias._offset_buckets(1, 9, 8)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # one kept ramp
+    assert may_reuse(torch.device("cpu"))
+    monkeypatch.setattr(buckets_module, "may_reuse", lambda device: False)  # inside a compiled graph
+    fresh = bias._offset_buckets(5, 9, 2)
+    assert torch.equal(fresh, a) and fresh.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
     assert set(bias.state_dict()) == {"relative_attention_bias.weight"}

@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 
-from .._checks import check_bool, check_choice, check_int
+from .._checks import check_bool, check_choice, check_device, check_int
+from .._reuse import may_reuse
 from ..core.offsets import relative_positions  # noqa: F401 - the doctests below use it
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "STRATEGIES",
     "check_bucket_config",
     "relative_position_bucket",
+    "offset_buckets",
     "t5_bucket",
     "BucketRange",
     "bucket_ranges",
@@ -157,6 +159,53 @@ def t5_bucket(
     return relative_position_bucket(
         relative_position, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
     )
+
+
+_RAMP_MIN = 1024  # the smallest ramp kept: offsets -1023 .. 1023 (16 KiB of int64)
+_RAMPS_KEPT = 16  # bucket configurations (and devices) kept at once: a process's few models, the oldest dropped
+_ramps: dict[tuple, torch.Tensor] = {}  # (bucket configuration, device) -> buckets of offsets -(C - 1) .. C - 1
+
+
+def offset_buckets(
+    low: int,
+    high: int,
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    strategy: BucketStrategy = "log",
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """(high - low + 1,) buckets of the offsets ``low .. high``: :func:`relative_position_bucket` of
+    ``torch.arange(low, high + 1)``, as a view of a kept ramp of the buckets of every offset in ``-(C-1) .. C-1``.
+
+    A call then dispatches no bucket function (a dozen elementwise operators, each a launch on a GPU), which a
+    decoding step would otherwise pay every step: its offsets are new each step. The ramp, one per bucket
+    configuration and device, grows by doubling (``C`` a power of two, at least 1024). Where nothing may be kept
+    (:func:`relpos._reuse.may_reuse`: inside ``torch.compile``, during a CUDA graph's capture) the buckets are
+    computed for the call. Read-only: a view of the kept ramp.
+
+    >>> offset_buckets(-3, 2, num_buckets=8, max_distance=16)
+    tensor([2, 1, 0, 5, 6, 6])
+    """
+    low, high = check_int("low", low), check_int("high", high)
+    if high < low:
+        raise ValueError(f"offset_buckets needs low <= high (the offsets low .. high), got low={low}, high={high}")
+    device = torch.device("cpu") if device is None else check_device("device", device)
+    config = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy)
+    if not may_reuse(device):
+        return relative_position_bucket(torch.arange(low, high + 1, device=device), **config)
+    key = (bidirectional, num_buckets, max_distance, strategy, device)
+    ramp, reach = _ramps.get(key), max(-low, high) + 1  # offsets -(reach - 1) .. reach - 1 needed
+    if ramp is None or ramp.numel() < 2 * reach - 1:
+        capacity = max(_RAMP_MIN, 1 << (reach - 1).bit_length())  # a power of two >= reach
+        ramp = relative_position_bucket(torch.arange(1 - capacity, capacity, device=device), **config)  # (2C - 1,)
+        _ramps.pop(key, None)
+        if len(_ramps) >= _RAMPS_KEPT:
+            _ramps.pop(next(iter(_ramps)))  # the oldest
+        _ramps[key] = ramp
+    centre = ramp.numel() // 2  # the index of offset 0
+    return ramp[centre + low : centre + high + 1]
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,10 @@ import torch
 from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
-from .._reuse import may_reuse
 from ..core.bias import OffsetBias, RelativeBias
-from ..core.offsets import relative_offsets
-from .buckets import BucketStrategy, check_bucket_config, relative_position_bucket
+from .buckets import BucketStrategy, check_bucket_config, offset_buckets, relative_position_bucket
 
 __all__ = ["RelativePositionalBias"]
-
-BUCKET_CACHE = 8  # (Lq, Lk, q_offset) bucket vectors kept per module: a model's few shapes, not a decode loop's
 
 
 class RelativePositionalBias(RelativeBias):
@@ -105,10 +101,13 @@ class RelativePositionalBias(RelativeBias):
         """Per-offset values; offsets at or beyond ``max_distance`` (and, in the causal form, every
         future offset, which shares offset 0's bucket) are marked :attr:`OffsetBias.flat`.
 
-        The bucket of each offset depends only on the lengths, so the last few are kept
-        (:data:`BUCKET_CACHE` of them): a call then costs one table lookup, not the bucket function's
-        dozen elementwise kernels (each a launch on a GPU).
+        The buckets of every offset are kept (:func:`~relpos.encodings.buckets.offset_buckets`): a call then
+        costs one table lookup, not the bucket function's dozen elementwise kernels (each a launch on a GPU),
+        whatever its lengths (a decoding step's offsets are new every step).
         """
+        query_length = check_int("query_length", query_length, minimum=1)
+        key_length = check_int("key_length", key_length, minimum=1)
+        q_offset = check_int("q_offset", q_offset, minimum=0)
         device = check_device("device", device)
         buckets = self._offset_buckets(query_length, key_length, q_offset)  # (Lq + Lk - 1,)
         values = self._lookup(buckets).contiguous()  # (H, n)
@@ -118,17 +117,12 @@ class RelativePositionalBias(RelativeBias):
         return OffsetBias(values, query_length, key_length, q_offset, flat=(-self.max_distance, far))
 
     def _offset_buckets(self, query_length: int, key_length: int, q_offset: int) -> torch.Tensor:
-        table = self.relative_attention_bias.weight
-        rel = lambda: relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # noqa: E731
-        if not may_reuse(table.device):  # inside a compiled graph or a CUDA graph's capture: no kept state
-            return self.bucket(rel())
-        key = (query_length, key_length, q_offset, table.device)
-        cache = self.__dict__.setdefault("_bucket_cache", {})  # plain attribute: not state, not a buffer
-        if key not in cache:
-            if len(cache) >= BUCKET_CACHE:
-                cache.pop(next(iter(cache)))  # the oldest
-            cache[key] = self.bucket(rel())
-        return cache[key]
+        """(Lq + Lk - 1,) buckets of the call's offsets: a view of kept ones (:func:`offset_buckets`)."""
+        return offset_buckets(
+            -(q_offset + query_length - 1), key_length - 1 - q_offset, bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets, max_distance=self.max_distance, strategy=self.strategy,
+            device=self.relative_attention_bias.weight.device,
+        )
 
     @classmethod
     def from_t5_state_dict(

@@ -36,8 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..core.offsets import relative_offsets
-from ..encodings.buckets import relative_position_bucket
+from ..encodings.buckets import offset_buckets, relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._positioned import PositionedOffsets, TableOffsets, positioned_offsets
 from ._family import Family
@@ -71,8 +70,12 @@ def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_to
         # a fresh static cache (keys past the tokens seen) in a layer not flagged causal (transformers 5.15's
         # UMT5 decoder): its unseen tail hidden in the values, as transformers' static-cache mask hides it
         return _positioned_offsets(module, query_length, key_length, q_offset, bidirectional)
-    rel = relative_offsets(query_length, key_length, q_offset=q_offset, device=table.device)  # (n,)
-    values = _bucket_values(module, rel, bidirectional)  # (H, n)
+    buckets = offset_buckets(  # (n,): a view of kept buckets (a decoding step's offsets are new every step)
+        -(q_offset + query_length - 1), key_length - 1 - q_offset, bidirectional=bidirectional,
+        num_buckets=module.relative_attention_num_buckets, max_distance=module.relative_attention_max_distance,
+        device=table.device,
+    )
+    values = module.relative_attention_bias(buckets).T  # (H, n), gradients into the table
     return TableOffsets(values.contiguous(), query_length, key_length, q_offset, table=table)
 
 
