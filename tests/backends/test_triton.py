@@ -239,6 +239,26 @@ def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
         assert len(launches) == 1
 
 
+def test_inference_launches_without_autograd_and_equals_the_training_forward(monkeypatch):
+    """Nothing to differentiate (no_grad, or no input that requires grad): the kernel launches without
+    autograd.Function (no graph, no saved tensors), with the same output, bit for bit, as the forward of a training
+    call; with an input that requires grad the call goes through the Function and trains the table."""
+    bias = BIASES["t5"]()
+    q, k, v = qkv(2, 11, 13)
+    applied = []
+    real_apply = _triton._TritonAttention.apply
+    monkeypatch.setattr(_triton._TritonAttention, "apply", lambda *a: applied.append(1) or real_apply(*a))
+    with torch.no_grad():
+        fast = run(bias, q, k, v, causal=True)
+    frozen = run(bias.requires_grad_(False), q, k, v, causal=True)  # grad enabled, nothing requires it
+    assert fast.grad_fn is None and frozen.grad_fn is None and not applied
+    trained = run(bias.requires_grad_(True), q, k, v, causal=True)
+    assert applied and trained.grad_fn is not None and torch.equal(fast, trained.detach()) and torch.equal(fast, frozen)
+    trained.sum().backward()
+    assert bias.relative_attention_bias.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(fast.double(), expected(bias, q, k, v, causal=True), rtol=1e-4, atol=1e-5)
+
+
 def test_grouped_key_value_heads():
     bias = BIASES["kerple"]()
     q, k, v = qkv(2, 33, 33, kv_heads=2)
@@ -551,6 +571,44 @@ def test_key_masks_on_a_gpu_are_read_on_the_device(layout, causal, monkeypatch):
     expected_bounds = {"an_empty_example": ([0, 45, 18], [33, 0, 45]), "batch_of_one": ([16], [48])}.get(
         layout, ([0, 0, 18], [33, 45, 45]))
     assert (starts.tolist(), ends.tolist()) == expected_bounds
+
+
+def test_layers_sharing_a_key_mask_build_its_terms_once(monkeypatch):
+    """A model's layers pass one padding mask per forward: the kernel's per-key terms and each example's first and
+    last kept key are built by the first layer's call and reused by the next (no operator on the mask); the mask
+    changed in place is read again. Outputs against fp64 every time."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from relpos.backends import dispatch
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(dispatch, "_DEVICE_KEY_MASKS", ("cuda", DEVICE))
+    bias = BIASES["t5"]().requires_grad_(False)
+    q, k, v = qkv(2, 21, 21, seed=3)
+    keep = right_and_left_padded(21, 15, 4)
+    values = bias.offsets(21, 21)
+
+    def layer():
+        with torch.no_grad():
+            return relpos.attention(q, k, v, bias=values, key_mask=keep, backend="triton")
+
+    first = layer()
+    ops = Ops()
+    with ops:
+        again = layer()
+    assert not any(name.startswith(("aten.amin", "aten.amax", "aten.masked_fill")) for name in ops.names), ops.names
+    assert torch.equal(first, again)
+    torch.testing.assert_close(again.double(), expected(bias, q, k, v, causal=False, keep=keep), rtol=1e-4, atol=1e-5)
+    keep[1, :4] = True  # in place: read again
+    torch.testing.assert_close(layer().double(), expected(bias, q, k, v, causal=False, keep=keep), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])

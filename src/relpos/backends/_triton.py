@@ -33,6 +33,7 @@ The readable reference they are tested against is the ``eager`` backend (relpos.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -636,8 +637,18 @@ def _dropout_args(spec: TritonSpec, seed: torch.Tensor | None) -> dict:
     return dict(SEED=seed, drop_t=threshold, drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
 
 
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (``triton.next_power_of_2`` is a constexpr function: 3 us a call)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` (``triton.cdiv`` is a constexpr function: 3 us a call, three calls per training step)."""
+    return -(-a // b)
+
+
 def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
+    return max(16, _next_pow2(n))
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -669,27 +680,39 @@ def _padded_values(values: torch.Tensor) -> torch.Tensor:
     return padded
 
 
+@functools.lru_cache(maxsize=64)
+def _forward_plan(spec: TritonSpec, dim: int, dim_v: int, dtype: torch.dtype, device_type: str, ranges: bool,
+                  key_bias: bool) -> tuple[int, tuple[int, ...], dict]:
+    """(BM, parts, the forward's constant keyword arguments) for calls of this kind: worked out once, not per call
+    (a model's layers and steps repeat a handful of kinds; the Python per launch is what a GPU waits for)."""
+    blocks = _blocks(dim, torch.device(device_type))
+    (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
+    two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
+    dropout = {name: value for name, value in _dropout_args(spec, None).items() if name != "SEED"}
+    constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
+                     FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=ranges, BM=bm, BN=bn,
+                     PRECISION="ieee" if dtype == torch.float32 else "tf32", KEYBIAS=key_bias, GS=split,
+                     num_warps=warps, num_stages=stages, **dropout)
+    return bm, (1, 2) if two_parts else (0,), constants
+
+
 def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec: TritonSpec):
     """The forward kernel: ``(out (B, H, Lq, dv), lse (B, H, Lq) fp32, base 2)``; inputs as :func:`triton_attention`
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    blocks = _blocks(dim, q.device)
-    (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
+    bm, parts, constants = _forward_plan(spec, dim, dim_v, q.dtype, q.device.type, starts is not None,
+                                         key_terms is not None)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
-    two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
-    for part in (1, 2) if two_parts else (0,):  # part 2 reads part 1's out and lse: launched after it, in order
-        _fwd_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+    for part in parts:  # part 2 reads part 1's out and lse: launched after it, in order
+        _fwd_kernel[(_cdiv(query_length, bm), batch * heads)](
             q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _head_stride(padded),
             *_key_args(key_terms, q.device),
             heads, heads // k.shape[1], query_length, key_length, spec.q_offset, spec.scale * LOG2E, t_lo, t_hi,
-            D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec), FLAT=spec.flat is not None,
-            CAUSAL=spec.causal, RANGES=starts is not None, BM=bm, BN=bn, PRECISION=_precision(q),
-            KEYBIAS=key_terms is not None, GS=split, PART=part, num_warps=warps, num_stages=stages,
-            **_dropout_args(spec, seed),
+            SEED=seed, PART=part, **constants,
         )
     return out, lse
 
@@ -708,31 +731,31 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
 
     delta = torch.empty_like(lse)  # (B, H, Lq)
-    _delta_kernel[(triton.cdiv(query_length, 64), batch * heads)](
+    _delta_kernel[(_cdiv(query_length, 64), batch * heads)](
         out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
         DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
     )
     bm, bn, warps, stages = blocks.dkdv
     dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
     dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
-    _dkdv_kernel[(triton.cdiv(key_length, bn), batch * kv_heads)](
+    _dkdv_kernel[(_cdiv(key_length, bn), batch * kv_heads)](
         q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded), *keys,
         heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
         spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
     )
     bm, bn, warps, stages = blocks.dq
-    programs = triton.cdiv(query_length, bm) * batch * heads
+    programs = _cdiv(query_length, bm) * batch * heads
     slots = programs if (bias_grad and spec.deterministic) else 1
     dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
     dq = torch.empty(batch, heads, query_length, dim, device=q.device, dtype=q.dtype)  # contiguous, whatever q's layout
-    _dq_kernel[(triton.cdiv(query_length, bm), batch * heads)](
+    _dq_kernel[(_cdiv(query_length, bm), batch * heads)](
         q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
         dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0, *keys,
         heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
         n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
-        BT=triton.next_power_of_2(bm + bn - 1), num_warps=warps, num_stages=stages,
+        BT=_next_pow2(bm + bn - 1), num_warps=warps, num_stages=stages,
     )
     return dq, dk, dv, (dvals.sum(0) if bias_grad else None)  # (Hb, n)
 
@@ -873,6 +896,22 @@ def _mask_bounds(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return starts.to(torch.int32), ends.to(torch.int32)
 
 
+_last_key_mask = KeptResult()  # _key_mask_terms()'s last mask and result
+
+
+def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(key terms (B, 1, Lk) fp32: 0 or -inf, starts (B,), ends (B,))`` for a boolean key mask read on the device:
+    the blocks outside each example's kept keys are skipped too. The last is kept: a model's layers pass one padding
+    mask per forward, so its eleven operators (launches on a GPU) run once, not once per layer."""
+    key = storage_key(key_mask)
+    kept = _last_key_mask.get(key, key_mask.device)
+    if kept is None:
+        terms = torch.zeros(key_mask.shape, device=key_mask.device).masked_fill(~key_mask, float("-inf"))  # (B, Lk)
+        kept = (terms[:, None], *_mask_bounds(key_mask))  # (B, 1, Lk), (B,), (B,)
+        _last_key_mask.keep(key, key_mask.device, (key_mask,), kept)
+    return kept
+
+
 _UNUSED: dict[torch.device, torch.Tensor] = {}
 
 
@@ -915,12 +954,16 @@ def triton_attention(
     slopes = slopes.float().contiguous()  # (H,): the kernels scale by log2(e) as they load
     key_terms = None
     if key_mask is not None:
-        key_terms = torch.zeros(key_mask.shape, device=device).masked_fill(~key_mask, float("-inf"))[:, None]  # (B, 1, Lk)
-        starts, ends = _mask_bounds(key_mask)  # blocks outside each example's kept keys are skipped too
+        key_terms, starts, ends = _key_mask_terms(key_mask)
     if seed is None:
         seed = _unused(device)  # never read (no dropout)
     if torch.compiler.is_compiling():  # opaque custom ops the compiled graph calls
         out, _ = torch.ops.relpos.triton_attention_fwd(query, key, value, values, slopes, starts, ends, key_terms, seed,
                                                        *_spec_args(spec))
         return out
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, values))):
+        # nothing to differentiate (inference, a decoding step): the launch without autograd.Function's bookkeeping
+        # (about 20 us a call on the CPU machine of docs/benchmarks/gpu/kernel-anatomy.md's host table)
+        q, k, v = (_last_dim_contiguous(t) for t in (query, key, value))
+        return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, seed, spec)[0]
     return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, key_terms, seed, spec)
