@@ -681,11 +681,11 @@ def _padded_values(values: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _forward_plan(spec: TritonSpec, dim: int, dim_v: int, dtype: torch.dtype, device_type: str, ranges: bool,
+def _forward_plan(spec: TritonSpec, blocks: _Blocks, dim: int, dim_v: int, dtype: torch.dtype, ranges: bool,
                   key_bias: bool) -> tuple[int, tuple[int, ...], dict]:
-    """(BM, parts, the forward's constant keyword arguments) for calls of this kind: worked out once, not per call
-    (a model's layers and steps repeat a handful of kinds; the Python per launch is what a GPU waits for)."""
-    blocks = _blocks(dim, torch.device(device_type))
+    """(BM, parts, the forward's constant keyword arguments) for calls of this kind with these tiles: worked out once,
+    not per call (a model's layers and steps repeat a handful of kinds; the Python per launch is what a GPU waits
+    for). The tiles are part of the key: tests and tools/kernel_anatomy.py change them between calls."""
     (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
     two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
     dropout = {name: value for name, value in _dropout_args(spec, None).items() if name != "SEED"}
@@ -701,7 +701,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     prepares them (``padded``: :func:`_padded_values`)."""
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
-    bm, parts, constants = _forward_plan(spec, dim, dim_v, q.dtype, q.device.type, starts is not None,
+    bm, parts, constants = _forward_plan(spec, _blocks(dim, q.device), dim, dim_v, q.dtype, starts is not None,
                                          key_terms is not None)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
@@ -757,7 +757,9 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
         n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
         BT=_next_pow2(bm + bn - 1), num_warps=warps, num_stages=stages,
     )
-    return dq, dk, dv, (dvals.sum(0) if bias_grad else None)  # (Hb, n)
+    if not bias_grad:
+        return dq, dk, dv, None
+    return dq, dk, dv, dvals[0] if slots == 1 else dvals.sum(0)  # (Hb, n): the slots summed in a fixed order
 
 
 class _TritonAttention(torch.autograd.Function):
