@@ -9,6 +9,7 @@ page's own. Each region is rendered by the function of the script that produced 
 ``--markdown`` writes with, so re-running a table's command rewrites the same region): ``relpos.hf.bench`` for the
 model tables, ``relpos.tools.bench`` (``relpos bench``) for the attention tables, and ``benchmarks/ring.py``,
 ``swin.py``, ``sam.py``, ``encoding_timings.py``, ``eager_paths.py``, ``bias_build.py``, ``decoding_step.py``,
+``triton_host.py``,
 ``tools/gpu_kernel_report.py`` and ``tools/kernel_anatomy.py``.
 The headline tables (``HEADLINES``: docs/benchmarks/index.md and each area's index.md) take each number from
 one table's JSON too. ``--check`` also fails on a region no spec renders and on a JSON under docs/benchmarks/ that
@@ -103,6 +104,10 @@ def decoding_step_table(payload: dict) -> str:
     return script("benchmarks/decoding_step.py").page(payload)
 
 
+def triton_host_table(payload: dict) -> str:
+    return script("benchmarks/triton_host.py").page(payload)
+
+
 @dataclass(frozen=True)
 class Table:
     """A region of ``page`` (under docs/benchmarks/) rendered from ``source`` (under docs/benchmarks/)."""
@@ -134,6 +139,7 @@ TABLES: list[Table] = [
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
       for run in ("", "-tiles", "-before", "-triton3.9")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
+    *[Table("gpu/triton-host.md", f"gpu/triton-host{run}.json", triton_host_table) for run in ("", "-before")],
     *_same_name("t5-family", [
         "t5", "t5-target", "t5-layer", "umt5-target", "switch_transformers", "switch_transformers-grid",
         "longt5-quiet", "longt5-tglobal-quiet", "longt5-grid-forward", "longt5-grid-generate", "longt5-grid-train",
@@ -329,6 +335,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "blocks per SM and each loop's instructions, per variant and tile shape",
     "gpu/decoding-step.md": "the host's share of a T5 and a Bloom decoding step (time, operators, reads back), "
                             "relpos against transformers, measured on the CPU",
+    "gpu/triton-host.md": "the CPU time of one Triton-route attention call before its kernels start (relpos's Python, "
+                          "its operators, Triton's launcher), measured without a GPU",
     "gpu/bloom.md": "a 2-layer Bloom model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
     "gpu/mpt.md": "a 2-layer MPT model on an H100, bf16, against transformers (forward only: training crashed, a kernel bug fixed since)",
     "t5-family/t5.md": "T5: the grid, L 512 to 4096, B 1 and 4",
