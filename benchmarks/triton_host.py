@@ -52,6 +52,10 @@ class _Operators(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+CASES = ("no term, forward", "T5 values (a later layer), forward", "T5 table (the first layer), forward", "ALiBi, forward",
+         "T5 values, key mask (a later layer), forward", "T5 table, training step")
+
+
 def _cases() -> dict:
     """name -> a call (what a model's attention layer runs), all on the ``triton`` route."""
     q, k, v = (torch.zeros(B, H, L, D, dtype=torch.bfloat16) for _ in range(3))  # (B, H, L, d)
@@ -78,23 +82,18 @@ def _cases() -> dict:
                 call(q, k, v, **kwargs)
         return run
 
-    return {
-        "no term, forward": inference(),
-        "T5 values (a later layer), forward": inference(bias=values),
-        "T5 table (the first layer), forward": inference(bias=frozen),
-        "ALiBi, forward": inference(bias=alibi),
-        "T5 values, key mask (a later layer), forward": inference(bias=values, key_mask=keep),
-        "T5 table, training step": train,
-    }
+    calls = (inference(), inference(bias=values), inference(bias=frozen), inference(bias=alibi),
+             inference(bias=values, key_mask=keep), train)
+    return dict(zip(CASES, calls))
 
 
-def run(rounds: int, calls: int) -> list[dict]:
+def run(rounds: int, calls: int, only: list[str] | None = None) -> list[dict]:
     dispatch._IMPLEMENTATIONS["triton"] = dispatch._Implementation(lambda call: None, dispatch._triton)  # CPU tensors
     dispatch._DEVICE_KEY_MASKS = ("cuda", "cpu")  # a key mask read on the device, as on a GPU
     samples = collections.defaultdict(list)
     counts = {}
     with kernel_anatomy.compiling_for(90) as launches:
-        cases = _cases()
+        cases = {name: fn for name, fn in _cases().items() if only is None or name in only}
         for fn in cases.values():
             fn()  # compiles
         for name, fn in cases.items():
@@ -129,12 +128,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=50, help="calls per case and round")
+    parser.add_argument("--cases", nargs="*", default=None, metavar="CASE", help="case names to run (default: all)")
     parser.add_argument("--json", help="also write the raw numbers here")
     parser.add_argument("--markdown", help="also write the table here")
     args = parser.parse_args()
+    unknown = sorted(set(args.cases or ()) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: no case named {', '.join(map(repr, unknown))}; the cases are {'; '.join(CASES)}")
     import triton
 
-    rows = run(args.rounds, args.calls)
+    rows = run(args.rounds, args.calls, args.cases)
     payload = {"command": shlex.join(["python", "benchmarks/triton_host.py", *sys.argv[1:]]),
                "commit": checkout_commit(ROOT), "machine": platform.platform(), "torch": torch.__version__,
                "triton": triton.__version__, "rounds": args.rounds, "calls": args.calls, "rows": rows}
