@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._reuse import KeptResult, storage_key
+from .._reuse import KeptResult, may_reuse, storage_key
 
 __all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
 
@@ -905,12 +905,13 @@ def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     """``(key terms (B, 1, Lk) fp32: 0 or -inf, starts (B,), ends (B,))`` for a boolean key mask read on the device:
     the blocks outside each example's kept keys are skipped too. The last is kept: a model's layers pass one padding
     mask per forward, so its eleven operators (launches on a GPU) run once, not once per layer."""
-    key = storage_key(key_mask)
-    kept = _last_key_mask.get(key, key_mask.device)
+    key = storage_key(key_mask) if may_reuse(key_mask.device) else None  # never under compile: no storage there
+    kept = None if key is None else _last_key_mask.get(key, key_mask.device)
     if kept is None:
         terms = torch.zeros(key_mask.shape, device=key_mask.device).masked_fill(~key_mask, float("-inf"))  # (B, Lk)
         kept = (terms[:, None], *_mask_bounds(key_mask))  # (B, 1, Lk), (B,), (B,)
-        _last_key_mask.keep(key, key_mask.device, (key_mask,), kept)
+        if key is not None:
+            _last_key_mask.keep(key, key_mask.device, (key_mask,), kept)
     return kept
 
 

@@ -185,8 +185,8 @@ def offset_buckets(
     (:func:`relpos._reuse.may_reuse`: inside ``torch.compile``, during a CUDA graph's capture) the buckets are
     computed for the call. Read-only: a view of the kept ramp.
 
-    >>> offset_buckets(-3, 2, num_buckets=8, max_distance=16)
-    tensor([2, 1, 0, 5, 6, 6])
+    >>> offset_buckets(-3, 2, num_buckets=8, max_distance=16)  # offsets -3 .. 2
+    tensor([2, 2, 1, 0, 5, 6])
     """
     low, high = check_int("low", low), check_int("high", high)
     if high < low:
