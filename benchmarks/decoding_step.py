@@ -134,9 +134,6 @@ def page(payload: dict) -> str:
             f"rounds\n\n{markdown(payload['rows'])}\n")
 
 
-
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="t5,bloom", help="comma-separated: t5, bloom")
