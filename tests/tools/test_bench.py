@@ -89,3 +89,32 @@ def test_the_gpu_variants_compute_the_same_attention():
         assert (want - plain).abs().max() > 0.05  # the table matters here
         for name, run in variants.items():
             torch.testing.assert_close(run(), want, atol=2e-5, rtol=1e-5, msg=name)
+
+
+def test_timed_rounds_freezes_the_old_objects_only_while_it_times():
+    """The objects alive before the rounds are frozen while they run (measure()'s collection scans only what the
+    calls made) and unfrozen after, also when a call fails."""
+    import gc
+
+    from relpos._measure import timed_rounds
+
+    class Quiet:
+        def step(self, *_):
+            pass
+
+        def log(self, *_):
+            pass
+
+    seen = []
+    out = timed_rounds({"a": lambda: seen.append(gc.get_freeze_count())}, 2, Quiet(), "t", False)
+    assert out["a"][0] >= 0 and seen[0] == 0 and all(n > 0 for n in seen[1:]) and gc.get_freeze_count() == 0
+    calls = []
+
+    def fails():
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        timed_rounds({"b": fails}, 1, Quiet(), "t", False)
+    assert gc.get_freeze_count() == 0
