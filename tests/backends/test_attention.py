@@ -7,6 +7,7 @@ import torch
 
 from relpos import OffsetBias, RelativePositionalBias, RelativePositionBias, attention, relative_positions
 
+from operators import dispatched
 from oracles import assert_bias_matters, bias_oracle
 
 
@@ -142,25 +143,10 @@ def test_decode_rows_equal_parallel():
         assert torch.allclose(step, full[:, :, t : t + 1], atol=1e-6)
 
 
-def _dispatched(fn) -> "collections.Counter":
-    """The torch operators ``fn()`` dispatches (on a GPU each is a launch and CPU time before it)."""
-    import collections
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func).removeprefix("aten.").removesuffix(".default")] += 1
-            return func(*args, **(kwargs or {}))
-
-    counter = Count()
-    with counter, torch.no_grad():
-        fn()
-    return counter.ops
+def _dispatched(fn):
+    """The torch operators ``fn()`` dispatches without gradients, counted by name (tests/operators.py)."""
+    with torch.no_grad():
+        return dispatched(fn)
 
 
 def test_a_decoding_row_is_one_sdpa_call_on_a_view(monkeypatch):
