@@ -691,7 +691,7 @@ def _forward_plan(spec: TritonSpec, blocks: _Blocks, dim: int, dim_v: int, dtype
     dropout = {name: value for name, value in _dropout_args(spec, None).items() if name != "SEED"}
     constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
                      FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=ranges, BM=bm, BN=bn,
-                     PRECISION="ieee" if dtype == torch.float32 else "tf32", KEYBIAS=key_bias, GS=split,
+                     PRECISION=_precision(dtype), KEYBIAS=key_bias, GS=split,
                      num_warps=warps, num_stages=stages, **dropout)
     return bm, (1, 2) if two_parts else (0,), constants
 
@@ -725,8 +725,8 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     n_vals = padded.shape[1] - 2 * PAD
     blocks = _blocks(dim, q.device)
     common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
-                  FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q),
-                  KEYBIAS=key_terms is not None, **_dropout_args(spec, seed))
+                  FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None,
+                  PRECISION=_precision(q.dtype), KEYBIAS=key_terms is not None, **_dropout_args(spec, seed))
     t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
 
@@ -762,14 +762,20 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     return dq, dk, dv, dvals[0] if slots == 1 else dvals.sum(0)  # (Hb, n): the slots summed in a fixed order
 
 
+def _forward(q, k, v, values, slopes, starts, ends, key_terms, seed, spec: TritonSpec) -> tuple:
+    """The forward from :func:`triton_attention`'s inputs: ``(q, k, v, padded, out, lse)``, q, k and v as launched
+    (last dimension contiguous) and the padded values, which the backward reads again."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
+    padded = _padded_values(values)  # (Hb, n + 2 PAD)
+    return q, k, v, padded, *_launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec)
+
+
 class _TritonAttention(torch.autograd.Function):
     """Eager autograd: the kernels launched directly (the custom ops below serve torch.compile)."""
 
     @staticmethod
     def forward(ctx, q, k, v, values, slopes, starts, ends, key_terms, seed, spec: TritonSpec):
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
-        padded = _padded_values(values)  # (Hb, n + 2 PAD)
-        out, lse = _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec)
+        q, k, v, padded, out, lse = _forward(q, k, v, values, slopes, starts, ends, key_terms, seed, spec)
         ctx.save_for_backward(q, k, v, out, lse, padded, slopes, starts, ends, key_terms, seed)
         ctx.spec, ctx.values_dtype, ctx.values_grad = spec, values.dtype, values.requires_grad
         return out
@@ -815,8 +821,7 @@ def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, values: torch
                 seed: torch.Tensor | None, bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int,
                 flat_hi: int, has_flat: bool, deterministic: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, seed, spec)
+    return _forward(q, k, v, values, slopes, starts, ends, key_terms, seed, spec)[4:]  # (out, lse)
 
 
 @_op_forward.register_fake
@@ -883,9 +888,9 @@ def _head_stride(padded: torch.Tensor) -> int:
     return padded.stride(0) if padded.shape[0] > 1 else 0
 
 
-def _precision(q: torch.Tensor) -> str:
+def _precision(dtype: torch.dtype) -> str:
     """fp32 inputs multiply in full fp32 ("ieee"), not TF32: relpos's fp32 results are exact everywhere."""
-    return "ieee" if q.dtype == torch.float32 else "tf32"
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _mask_bounds(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -966,7 +971,6 @@ def triton_attention(
         return out
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, values))):
         # nothing to differentiate (inference, a decoding step): the launch without autograd.Function's bookkeeping
-        # (about 20 us a call on the CPU machine of docs/benchmarks/gpu/kernel-anatomy.md's host table)
-        q, k, v = (_last_dim_contiguous(t) for t in (query, key, value))
-        return _launch_forward(q, k, v, _padded_values(values), slopes, starts, ends, key_terms, seed, spec)[0]
+        # (about 20 us a call on the CPU machine of docs/benchmarks/gpu/triton-host.md)
+        return _forward(query, key, value, values, slopes, starts, ends, key_terms, seed, spec)[4]
     return _TritonAttention.apply(query, key, value, values, slopes, starts, ends, key_terms, seed, spec)

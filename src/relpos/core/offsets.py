@@ -16,7 +16,7 @@ import torch
 
 from .._checks import check_device, check_int
 
-__all__ = ["relative_offsets", "relative_positions"]
+__all__ = ["offset_range", "relative_offsets", "relative_positions"]
 
 
 def relative_positions(
@@ -56,5 +56,15 @@ def relative_offsets(
     key_length = check_int("key_length", key_length, minimum=1)
     q_offset = check_int("q_offset", q_offset, minimum=0)
     device = check_device("device", device)
-    low = -(q_offset + query_length - 1)
-    return torch.arange(low, key_length - q_offset, device=device)  # (Lq + Lk - 1,)
+    low, high = offset_range(query_length, key_length, q_offset)
+    return torch.arange(low, high + 1, device=device)  # (Lq + Lk - 1,)
+
+
+def offset_range(query_length: int, key_length: int, q_offset: int = 0) -> tuple[int, int]:
+    """The lowest and the highest offset ``j - i`` of a call (both included; arguments already checked): the first
+    and last entry of :func:`relative_offsets`.
+
+    >>> offset_range(3, 4), offset_range(1, 4, q_offset=3)
+    ((-2, 3), (-3, 0))
+    """
+    return -(q_offset + query_length - 1), key_length - 1 - q_offset

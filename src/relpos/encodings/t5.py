@@ -16,6 +16,7 @@ from torch import nn
 
 from .._checks import check_device, check_int, check_positive_float
 from ..core.bias import OffsetBias, RelativeBias
+from ..core.offsets import offset_range
 from .buckets import BucketStrategy, check_bucket_config, offset_buckets, relative_position_bucket
 
 __all__ = ["RelativePositionalBias"]
@@ -119,7 +120,7 @@ class RelativePositionalBias(RelativeBias):
     def _offset_buckets(self, query_length: int, key_length: int, q_offset: int) -> torch.Tensor:
         """(Lq + Lk - 1,) buckets of the call's offsets: a view of kept ones (:func:`offset_buckets`)."""
         return offset_buckets(
-            -(q_offset + query_length - 1), key_length - 1 - q_offset, bidirectional=self.bidirectional,
+            *offset_range(query_length, key_length, q_offset), bidirectional=self.bidirectional,
             num_buckets=self.num_buckets, max_distance=self.max_distance, strategy=self.strategy,
             device=self.relative_attention_bias.weight.device,
         )

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..core.offsets import offset_range
 from ..encodings.buckets import offset_buckets, relative_position_bucket
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._positioned import PositionedOffsets, TableOffsets, positioned_offsets
@@ -71,7 +72,7 @@ def _offsets(module: nn.Module, query_length: int, key_length: int, past_seen_to
         # UMT5 decoder): its unseen tail hidden in the values, as transformers' static-cache mask hides it
         return _positioned_offsets(module, query_length, key_length, q_offset, bidirectional)
     buckets = offset_buckets(  # (n,): a view of kept buckets (a decoding step's offsets are new every step)
-        -(q_offset + query_length - 1), key_length - 1 - q_offset, bidirectional=bidirectional,
+        *offset_range(query_length, key_length, q_offset), bidirectional=bidirectional,
         num_buckets=module.relative_attention_num_buckets, max_distance=module.relative_attention_max_distance,
         device=table.device,
     )

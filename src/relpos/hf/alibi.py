@@ -60,8 +60,8 @@ from ..backends.dispatch import attention
 from ._positioned import future_keys, positioned_offsets
 
 __all__ = [
-    "MASK_NAME", "PerKey", "alibi_attention", "cache_position", "check_fits", "contiguous", "key_padding_mask", "keys_of_cache",
-    "patch_instances", "per_key_channel",
+    "MASK_NAME", "PER_KEY_ROWS", "PerKey", "alibi_attention", "cache_position", "check_fits", "contiguous",
+    "key_padding_mask", "keys_of_cache", "patch_instances", "per_key_channel",
 ]
 
 MASK_NAME = "relpos_alibi"
@@ -258,6 +258,15 @@ def per_key_channel(query, key, value, per_key: torch.Tensor):
     key = torch.cat([key, per_key], dim=-1)  # (B, H, Lk, d + 1 + zeros)
     value = nn.functional.pad(value, (0, 1 + zeros))  # (B, H, Lk, d + 1 + zeros)
     return query, key, value
+
+
+#: query rows up to which Bloom and Falcon take their own per-key ALiBi as a dense (B, H, Lq, Lk) term (:class:`PerKey`):
+#: as small as the per-offset path's values there, exact for any padding, built once per step for every layer.
+#: Falcon otherwise folds it into an extra channel, which would copy the whole key/value cache every layer (Falcon-RW
+#: generation at L = 512: 224 against transformers' sdpa 187 ms, 18% of it in those copies); Bloom otherwise builds
+#: its per-offset values, checks the padding's shape and finds the rows that see no key every step (its 2-layer
+#: decoding step at 0.77x transformers' speed on the CPU, docs/benchmarks/gpu/decoding-step.md)
+PER_KEY_ROWS = 16
 
 
 @dataclass(frozen=True)

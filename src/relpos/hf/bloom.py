@@ -21,7 +21,8 @@ from torch import nn
 from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import (
-    PerKey, alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances, per_key_channel,
+    PER_KEY_ROWS, PerKey, alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances,
+    per_key_channel,
 )
 
 __all__ = ["FAMILY"]
@@ -30,13 +31,6 @@ _PARAMETERS = ["self", "hidden_states", "residual", "alibi", "attention_mask", "
                "output_attentions", "kwargs"]
 _ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "head_dim", "inv_norm_factor", "beta",
                "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx", "_reshape")
-
-
-#: at most this many query rows (a decoding step) take Bloom's own per-key ALiBi as a (B, H, Lq, Lk) term: as small as
-#: the per-offset path's, exact for any mask (no check of the padding's shape), and built once per step for every
-#: layer (the per-offset path's offsets, padding check and dead rows cost the CPU machine's 2-layer Bloom step
-#: 0.77x transformers' speed, docs/benchmarks/gpu/decoding-step.md)
-_DECODING_ROWS = 16
 
 
 def _per_offset_fits(attention_mask: torch.Tensor | None) -> bool:
@@ -60,10 +54,11 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, H, Lk, d)
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
-    if query_length <= _DECODING_ROWS or _per_offset_fits(attention_mask):
+    few_rows = query_length <= PER_KEY_ROWS  # a decoding step
+    if few_rows or _per_offset_fits(attention_mask):
         # Bloom's scores: inv_norm_factor * q.k + beta * alibi (baddbmm); a few rows take its own alibi as it is
-        few = PerKey(alibi.view(batch, module.num_heads, -1), module.beta) if query_length <= _DECODING_ROWS else None
-        out, weights = alibi_attention(query, key, value, bias=few or alibi_bias, mask=attention_mask, scale=scale,
+        bias = PerKey(alibi.view(batch, module.num_heads, -1), module.beta) if few_rows else alibi_bias
+        out, weights = alibi_attention(query, key, value, bias=bias, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions, position=position)
     else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel
         per_key = alibi.view(batch, module.num_heads, -1).float() * (module.beta / scale)  # (B, H, Lk)

@@ -19,17 +19,12 @@ from __future__ import annotations
 from torch import nn
 
 from ._family import Family, register
-from .alibi import PerKey, alibi_attention, cache_position, check_fits, patch_instances, per_key_channel
+from .alibi import PER_KEY_ROWS, PerKey, alibi_attention, cache_position, check_fits, patch_instances, per_key_channel
 
 __all__ = ["FAMILY"]
 
 _PARAMETERS = ["self", "hidden_states", "alibi", "attention_mask", "position_ids", "layer_past", "use_cache",
                "output_attentions", "position_embeddings", "kwargs"]
-# query rows up to which the per-key ALiBi goes to attention as a dense (B, H, Lq, Lk) term instead of an
-# extra channel: one decoding step (Lq = 1) would otherwise copy the whole key/value cache with one more
-# channel in every layer (Falcon-RW generation at L = 512: 224 against transformers' sdpa 187 ms, 18% of
-# it in those copies)
-_DENSE_ROWS = 16
 _ATTRIBUTES = ("query_key_value", "dense", "attention_dropout", "num_heads", "num_kv_heads", "head_dim",
                "inv_norm_factor", "new_decoder_architecture", "layer_idx", "config", "_split_heads")
 
@@ -50,7 +45,7 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, Hkv, Lk, d)
     per_key = alibi.view(batch, module.num_heads, -1)  # (B, H, <= Lk): added before the 1/sqrt(d)
     bias = None
-    if query_length <= _DENSE_ROWS:  # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache
+    if query_length <= PER_KEY_ROWS:  # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache
         bias = PerKey(per_key, module.inv_norm_factor)
     else:  # a prompt: the per-key term folded into one extra channel, O(B H L)
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
