@@ -305,3 +305,15 @@ def test_offset_buckets_bad_ranges():
         offset_buckets(0, 2.5)
     with pytest.raises(ValueError, match="device must name a device"):
         offset_buckets(0, 2, device="gpu0")
+
+
+@pytest.mark.parametrize("low,high", [(-1023, 1023), (-1024, 0), (0, 1024), (-1025, 1025), (-2048, -2047), (5, 5)])
+def test_offset_buckets_at_the_ramp_edges(low, high):
+    """Ranges at the first ramp's reach (offsets up to 1023), one past it and at the doubled one's edge, a single
+    offset: the bucket function's values (transformers' for T5's configuration)."""
+    from relpos.encodings.buckets import offset_buckets
+
+    for bidirectional in (True, False):
+        got = offset_buckets(low, high, bidirectional=bidirectional)
+        assert torch.equal(got, hf_bucket(torch.arange(low, high + 1), bidirectional=bidirectional, num_buckets=32,
+                                          max_distance=128))

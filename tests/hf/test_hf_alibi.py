@@ -6,6 +6,7 @@ the same weights; batches mix left padding (decoder-only generation), right padd
 
 import copy
 import functools
+import importlib
 
 import pytest
 import torch
@@ -82,6 +83,34 @@ def compare_training(reference, accelerated, ids, mask, labels):
 def test_logits_loss_and_every_gradient_equal_transformers(family):
     reference, accelerated = pair(family)
     compare_training(reference, accelerated, *batch())
+
+
+@pytest.mark.parametrize("family", ["bloom", "falcon"])
+def test_a_few_rows_train_through_the_per_key_term_like_transformers(family, monkeypatch):
+    """A prompt of at most PER_KEY_ROWS tokens takes the model's own per-key ALiBi (PerKey) on the general path when
+    gradients are on: logits, loss and every gradient equal transformers' with left padding, a hole in the padding
+    and an example with no real token, and the ALiBi changes the logits far beyond the tolerance."""
+    length = hf_alibi.PER_KEY_ROWS - 2
+    reference, accelerated = pair(family)
+    ids, mask, labels = hf_checks.padded_decoder_batch(hf_checks.ALIBI_VOCAB, 4, length)
+    mask[0, :4] = 0  # left padding
+    mask[1, 5:7] = 0  # a hole
+    mask[1, 7:] = 1
+    mask[3] = 0  # no real token
+    ids, labels = ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100)
+    labels[3, -1] = 5  # one label, so the example with no real token has a gradient too
+    seen = []
+    real = hf_alibi.alibi_attention
+    monkeypatch.setattr(importlib.import_module(f"relpos.hf.{family}"), "alibi_attention",
+                        lambda *a, **kw: seen.append(type(kw["bias"]).__name__) or real(*a, **kw))
+    compare_training(reference, accelerated, ids, mask, labels)
+    assert seen and set(seen) == {"PerKey"}, seen
+    with monkeypatch.context() as patch, torch.no_grad():
+        hf_checks.zero_alibi(patch)
+        plain = reference(input_ids=ids, attention_mask=mask).logits
+    reference.eval()
+    with torch.no_grad():
+        assert (reference(input_ids=ids, attention_mask=mask).logits - plain).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("family", FAMILIES)
