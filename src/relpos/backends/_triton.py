@@ -47,7 +47,7 @@ __all__ = ["INTERPRETED", "TritonSpec", "triton_attention"]
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
 LOG2E = 1.4426950408889634
-_LOG2E = tl.constexpr(LOG2E)  # inside the kernels: the position term is stored in natural units, scaled on load
+_LOG2E = tl.constexpr(LOG2E)  # inside the kernels: the slopes are scaled as they load (the values on the host)
 
 BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 
@@ -55,37 +55,53 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # --------------------------------------------------------------------------------------------- tiles
 # Kinds of tile: how the position term of a tile is computed (scores are kept in log2 units).
 # NONE: no term; SCALAR: one value for the whole tile (a flat range); GATHER: per-offset values;
-# COLUMN: causal ALiBi under causal attention, m * j alone (the row's -m * i cancels in its softmax);
-# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i|.
-NONE, SCALAR, GATHER, COLUMN, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
+# RAMP: slope * (j - i) in a tile wholly on one side of the diagonal, as a term per key plus a term per query row
+# (ALiBi's tiles off the diagonal, the slope negated right of it for the symmetric form);
+# CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i| (the tiles the diagonal crosses).
+NONE, SCALAR, GATHER, RAMP, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
 @triton.jit
-def _logits(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
             KEYS_FIRST: tl.constexpr):
-    """Scores in log2 units of the tile of queries ``m0 .. m0 + BM - 1`` and keys ``n0 .. n0 + BN - 1``, (BM, BN)
-    (``KEYS_FIRST``: (BN, BM), the dk/dv kernel's tiles): ``q.k * scale * log2(e)`` plus the position term (``c``
-    and ``slope`` already times log2(e); gathered values times log2(e) here; ``vals`` points at offset 0 of the
-    head's values). A gathered tile's addresses are the head's values at the tile's first offset ``n0 - m0`` plus
-    ``j - i`` within the tile, the same for every tile (fewer registers and instructions than absolute
-    positions: docs/benchmarks/gpu/kernel-anatomy.md)."""
+    """``(t, r)``: the scores in log2 units of the tile of queries ``m0 .. m0 + BM - 1`` and keys
+    ``n0 .. n0 + BN - 1`` are ``t + r``, ``t`` (BM, BN) (``KEYS_FIRST``: (BN, BM), the dk/dv kernel's tiles), ``r`` a
+    term per query row, (BM,) or a scalar, which the callers fold into each row's softmax shift instead of adding it
+    to every score. ``t = q.k * scale * log2(e)`` plus the part of the position term that varies along a row.
+
+    ``c`` and ``slope`` are already times log2(e), and so are the values ``vals`` points into (at offset 0 of the
+    head's values). Positions are computed relative to the tile's corner, as floats (an integer-to-float conversion
+    per score would share the exp2 unit): ``d0 = n0 - (m0 + q_offset)`` plus the key's and the row's place in the
+    tile. A gathered tile's addresses are the values at ``d0`` plus ``j - i`` within the tile, the same for every
+    tile (fewer registers and instructions than absolute positions: docs/benchmarks/gpu/kernel-anatomy.md)."""
+    r = 0.0
     if KIND == 0:
-        s = qk * qk_scale
+        t = qk * qk_scale
     elif KIND == 1:
-        s = qk * qk_scale + c
+        t = qk * qk_scale
+        r = c
     elif KIND == 2:
         rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
-        s = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows)) * _LOG2E
+        t = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows))
+    elif KIND == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): one term per key, one per row
+        rows, cols = _tile(tl.arange(0, BM), slope * _exact_float(n0 - m0 - q_offset + tl.arange(0, BN)), KEYS_FIRST)
+        t = qk * qk_scale + cols
+        r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
     else:
         rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
-        if KIND == 3:
-            s = qk * qk_scale + slope * cols.to(tl.float32)  # m * j
-        elif KIND == 4:
-            s = qk * qk_scale + slope * tl.minimum(cols - rows, 0).to(tl.float32)
+        if KIND == 4:
+            t = qk * qk_scale + slope * tl.minimum(_exact_float(cols - rows), 0.0)
         else:
-            s = qk * qk_scale - slope * tl.abs(cols - rows).to(tl.float32)
-    return s
+            t = qk * qk_scale - slope * tl.abs(_exact_float(cols - rows))
+    return t, r
+
+
+@triton.jit
+def _exact_float(x):
+    """``x.to(float32)`` for integers ``|x| < 2**22`` without a conversion instruction (which shares the exp2 unit):
+    ``2**23 + 2**22 + x`` has the float bits ``0x4B400000 + x``, and subtracting ``2**23 + 2**22`` is exact."""
+    return (x + 0x4B400000).to(tl.int32).to(tl.float32, bitcast=True) - 12582912.0
 
 
 @triton.jit
@@ -175,6 +191,15 @@ def _key_range(STARTS, ENDS, b, Lk, RANGES: tl.constexpr):
 
 
 @triton.jit
+def _flat_value(vals, offset, KIND: tl.constexpr):
+    """A flat range's one value (log2 units) at ``offset`` of the head's values, for tiles of kind SCALAR; 0 else."""
+    c = 0.0
+    if KIND == 1:
+        c = tl.load(vals + offset)
+    return c
+
+
+@triton.jit
 def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FLAT: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr):
     """Key blocks of query block m0: [lo, e1) flat low, [e1, e2) gathered, [e2, full) flat high, all
@@ -202,19 +227,22 @@ def _fwd_step(
     stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, SCALE_POS: tl.constexpr,
 ):
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, offs_m.shape[0], BN, False)
+    t, r = _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, offs_m.shape[0], BN, False)
     if KEYBIAS:
-        s = s + _key_terms(kb_row, offs_n, hi)[None, :]
+        t = t + _key_terms(kb_row, offs_n, hi)[None, :]
     if MASK:
-        s = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # (BM,)
+        t = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), t, float("-inf"))
+    if KIND <= 1 and not KEYBIAS and not MASK and SCALE_POS:  # t = qk * qk_scale: its max is qk's, scaled
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale + r)  # (BM,)
+    else:
+        m_new = tl.maximum(m_i, tl.max(t, 1) + r)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-    p = tl.math.exp2(s - m_use[:, None])  # (BM, BN)
+    p = tl.math.exp2(t - (m_use - r)[:, None])  # (BM, BN); with t = qk * qk_scale, one fused multiply-add a score
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's normalizer: dropout comes after it
     if DROPOUT:  # dropped weights out; the kept ones are scaled once, at the end
@@ -233,7 +261,7 @@ def _fwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, GS: tl.constexpr,
-    PART: tl.constexpr,
+    PART: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr, SCALE_POS: tl.constexpr,
 ):
     """One query block. ``GS``: the blocks whose tiles gather per-offset values (and the masked ones) run as ``GS``
     steps of ``BN / GS`` keys, whose address tensors fit the registers, while flat blocks take all ``BN`` at once.
@@ -241,7 +269,11 @@ def _fwd_kernel(
     ``PART`` 0: every key block. With a flat range the forward can run as two launches of the same tiles
     (``_Blocks.split_flat``): ``PART`` 1 only the flat blocks, compiled without the gathering code, so it keeps
     the registers and shared memory of a kernel with no position term; ``PART`` 2 the gathered and masked blocks,
-    starting from part 1's output and log-sum-exp as its softmax state (m = lse, l = 1, acc = out)."""
+    starting from part 1's output and log-sum-exp as its softmax state (m = lse, l = 1, acc = out).
+
+    ``FLAT``: the key blocks wholly at offsets <= ``t_lo`` take tiles of kind ``LOW``, those wholly at offsets
+    >= ``t_hi`` tiles of kind ``HIGH`` (a flat range's scalar; ALiBi's ramp left and right of the diagonal), the
+    rest ``MAIN``. ``SCALE_POS``: ``qk_scale >= 0``, so a tile with no term per score takes its max from ``q.k``."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seed = _seed(SEED, DROPOUT)
     b, h = pid_bh // H, pid_bh % H
@@ -270,34 +302,41 @@ def _fwd_kernel(
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV_PAD], tl.float32)
-    if FLAT and PART != 2:
-        c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
+    if FLAT and PART != 2:  # the blocks wholly left of the diagonal or of a flat range's low end
+        c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    if PART != 1:
+                                      D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    if FLAT and PART != 2:  # wholly right of it (ALiBi's symmetric ramp: the slope negated)
+        c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
+        for n0 in range(e2, full, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, -slope, offs_m, offs_d, offs_dv,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    if PART != 1 and MAIN < 3:  # per-offset values: the gathered blocks, then the masked ones
         for n0 in range(e1, e2, BN):
             for part in tl.static_range(GS):
                 acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                           m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                           seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION)
-    if FLAT and PART != 2:
-        c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
-        for n0 in range(e2, full, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, slope, offs_m, offs_d, offs_dv,
-                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION)
-    if PART != 1:
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
         for n0 in range(full, hi, BN):
             for part in tl.static_range(GS):
                 acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                           m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
                                           seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION)
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
+    if MAIN >= 3:  # ALiBi: the few blocks the diagonal crosses and the masked ones in one loop, masked
+        n_mid = (e2 - e1) // BN
+        for i in range(0, n_mid + (hi - full + BN - 1) // BN):
+            n0 = tl.where(i < n_mid, e1 + i * BN, full + (i - n_mid) * BN)
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
@@ -338,10 +377,10 @@ def _dkdv_step(
         lse = tl.load(lse_row + offs_m)
         delta = tl.load(delta_row + offs_m)
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
-    st = _logits(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
+    st, r = _scores(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
     if KEYBIAS:
         st = st + kb[:, None]
-    pt = tl.math.exp2(st - lse[None, :])  # (BN, BM)
+    pt = tl.math.exp2(st - (lse - r)[None, :])  # (BN, BM)
     if MASK:
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
     dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
@@ -364,7 +403,8 @@ def _dkdv_kernel(
     H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, SEED, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+    KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
+    HIGH: tl.constexpr,
 ):
     """dk, dv of one key block of one key/value head: every query head of its group, every query block.
 
@@ -419,24 +459,24 @@ def _dkdv_kernel(
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
-            c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
+            c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
             for m0 in range(u0, f1, BM):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, slope, offs_n,
+                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
                                     offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                     seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
+                                    D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(f1, f2, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         if FLAT:
-            c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
+            c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
             for m0 in range(f2, u1, BM):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                     offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                     seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                    D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
+                                    D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
         for m0 in range(u1, m_end, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
@@ -475,10 +515,10 @@ def _dq_step(
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
-    s = _logits(s, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, BN, False)
+    s, r = _scores(s, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, BN, False)
     if KEYBIAS:
         s = s + _key_terms(kb_row, offs_n, hi)[None, :]
-    p = tl.math.exp2(s - lse[:, None])
+    p = tl.math.exp2(s - (lse - r)[:, None])
     if MASK:
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
@@ -508,7 +548,8 @@ def _dq_kernel(
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
+    HIGH: tl.constexpr,
 ):
     """dq of one query block, and its share of the per-offset values' gradient."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -534,14 +575,15 @@ def _dq_kernel(
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     dq = tl.zeros([BM, D_PAD], tl.float32)
     diagonals = BIAS_GRAD and MAIN == 2
+    lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+    hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
     if FLAT:
-        c_lo = tl.load(vals + t_lo - (Lq - 1)) * _LOG2E
-        lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+        c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
         for n0 in range(lo, e1, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
+                                D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
                                 PRECISION)
             lo_sum += part
     for n0 in range(e1, e2, BN):
@@ -551,13 +593,12 @@ def _dq_kernel(
                             D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
                             PRECISION)
     if FLAT:
-        c_hi = tl.load(vals + t_hi - (Lq - 1)) * _LOG2E
-        hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+        c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
         for n0 in range(e2, full, BN):
-            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, slope, offs_m, offs_d, offs_dv,
+            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                                D, DV, D_PAD, DV_PAD, 1, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
+                                D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
                                 PRECISION)
             hi_sum += part
     for n0 in range(full, hi, BN):
@@ -568,7 +609,7 @@ def _dq_kernel(
                             PRECISION)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
-    if BIAS_GRAD and FLAT:  # the flat tiles' whole gradient lands on the range's one entry
+    if BIAS_GRAD and LOW == 1:  # the flat tiles' whole gradient lands on the range's one entry
         tl.atomic_add(dvals + tl.maximum(t_lo, 0), lo_sum)
         if DETERMINISTIC:
             tl.debug_barrier()
@@ -584,6 +625,7 @@ class _Blocks:
     fwd_offsets: tuple[int, int, int, int] | None = None  # the forward that reads per-offset values; fwd if None
     gather_split: int = 1  # that forward's gathering (and masked) blocks in this many steps of BN / gather_split keys
     split_flat: bool = False  # that forward, with a flat range and no dropout, as two launches (_fwd_kernel's PART)
+    fwd_registers: int | None = None  # the forward's register cap (ptxas's maxnreg) for 16-bit inputs; None: ptxas's
 
     def forward(self, offsets: bool) -> tuple[tuple[int, int, int, int], int]:
         """(BM, BN, warps, stages) of the forward, and its GS."""
@@ -599,9 +641,11 @@ class _Blocks:
 #: 128 x 128 with 8 warps; every tile gathering: 18.6 ms against 34.0 for 64 x 64). Training steps (T5, L = 16384):
 #: dk/dv 32 x 128 53.6 ms against 64 x 64 55.4; dq 64 x 64 55.6 ms against 128 x 64 56.5 and 64 x 32 57.9.
 #: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here). ``gather_split=2`` with a
-#: 64 x 64 forward of per-offset values is in the sweep, not yet timed (docs/benchmarks/gpu/kernel.md).
+#: 64 x 64 forward of per-offset values is in the sweep, not yet timed (docs/benchmarks/gpu/kernel.md). The forward's
+#: 128-register cap keeps four 4-warp blocks per SM (65536 registers) where ptxas would take 150-170 for ALiBi and
+#: lose one, with no spill (docs/benchmarks/gpu/kernel-anatomy.md; not yet timed).
 GPU_BLOCKS: dict[int, _Blocks] = {
-    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_offsets=(64, 32, 4, 3)),
+    64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_offsets=(64, 32, 4, 3), fwd_registers=128),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
     256: _Blocks((64, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
 }
@@ -655,27 +699,43 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _main_kind(spec: TritonSpec) -> int:
-    """The tile kind of every tile outside a flat range."""
+def _kinds(spec: TritonSpec) -> dict:
+    """The kernels' tile kinds: ``MAIN`` for the tiles the diagonal or a mask cuts (and, for per-offset values, the
+    tiles outside the flat ranges), ``LOW`` / ``HIGH`` for the tiles wholly at offsets <= ``t_lo`` / >= ``t_hi``
+    (:func:`_region_bounds`), ``FLAT`` whether those regions are split off at all."""
     if spec.bias_kind == BIAS_OFFSETS:
-        return GATHER
-    if spec.bias_kind == BIAS_CAUSAL_LINEAR:
-        return COLUMN if spec.causal else CAUSAL_LINEAR
-    return SYMMETRIC if spec.bias_kind == BIAS_SYMMETRIC_LINEAR else NONE
+        return dict(MAIN=GATHER, LOW=SCALAR, HIGH=SCALAR, FLAT=spec.flat is not None)
+    if spec.bias_kind in (BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR) and spec.causal:  # every visible key: j <= i
+        return dict(MAIN=RAMP, LOW=RAMP, HIGH=NONE, FLAT=True)
+    if spec.bias_kind == BIAS_CAUSAL_LINEAR:  # m * (j - i) left of the diagonal, nothing right of it
+        return dict(MAIN=CAUSAL_LINEAR, LOW=RAMP, HIGH=NONE, FLAT=True)
+    if spec.bias_kind == BIAS_SYMMETRIC_LINEAR:  # m * (j - i) left of the diagonal, -m * (j - i) right of it
+        return dict(MAIN=SYMMETRIC, LOW=RAMP, HIGH=RAMP, FLAT=True)
+    return dict(MAIN=NONE, LOW=NONE, HIGH=NONE, FLAT=False)
+
+
+def _region_bounds(spec: TritonSpec, query_length: int, n_vals: int) -> tuple[int, int]:
+    """``(t_lo, t_hi)`` in the values' indices (offset ``j - i`` at ``j - i + Lq - 1``): a flat range's ends, or, for
+    ALiBi, the diagonal ``j = i + q_offset`` both; ``(-1, n_vals)`` (no region) without either."""
+    if spec.bias_kind == BIAS_OFFSETS:
+        return spec.flat if spec.flat is not None else (-1, n_vals)
+    if spec.bias_kind in (BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR):
+        return (query_length - 1 + spec.q_offset,) * 2
+    return -1, n_vals
 
 
 _last_padded = KeptResult()  # _padded_values()'s last input and result
 
 
 def _padded_values(values: torch.Tensor) -> torch.Tensor:
-    """(Hb, PAD + n + PAD) fp32 values: tiles read past either end without a bounds mask (the kernels scale by
-    log2(e) as they load). The last result is kept: a model's layers share one bias per forward, so its
+    """(Hb, PAD + n + PAD) fp32 values times log2(e), the kernels' units: tiles read past either end without a bounds
+    mask. The last result is kept: a model's layers share one bias per forward, so its
     values are padded once, not once per layer (:mod:`relpos._reuse` permitting), and again when they change
     in place."""
     key = storage_key(values)
     padded = _last_padded.get(key, values.device)
     if padded is None:
-        padded = torch.nn.functional.pad(values.float(), (PAD, PAD))
+        padded = torch.nn.functional.pad(values.float(), (PAD, PAD)).mul_(LOG2E)
         _last_padded.keep(key, values.device, (values,), padded)
     return padded
 
@@ -689,10 +749,11 @@ def _forward_plan(spec: TritonSpec, blocks: _Blocks, dim: int, dim_v: int, dtype
     (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
     two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
     dropout = {name: value for name, value in _dropout_args(spec, None).items() if name != "SEED"}
-    constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
-                     FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=ranges, BM=bm, BN=bn,
-                     PRECISION=_precision(dtype), KEYBIAS=key_bias, GS=split,
-                     num_warps=warps, num_stages=stages, **dropout)
+    constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec), CAUSAL=spec.causal,
+                     RANGES=ranges, BM=bm, BN=bn, PRECISION=_precision(dtype), KEYBIAS=key_bias, GS=split,
+                     SCALE_POS=spec.scale >= 0, num_warps=warps, num_stages=stages, **dropout)
+    if blocks.fwd_registers is not None and dtype != torch.float32:  # fp32 tiles need more (no tensor cores)
+        constants["maxnreg"] = blocks.fwd_registers
     return bm, (1, 2) if two_parts else (0,), constants
 
 
@@ -705,7 +766,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
                                          key_terms is not None)
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
-    t_lo, t_hi = spec.flat if spec.flat is not None else (-1, padded.shape[1] - 2 * PAD)
+    t_lo, t_hi = _region_bounds(spec, query_length, padded.shape[1] - 2 * PAD)
     for part in parts:  # part 2 reads part 1's out and lse: launched after it, in order
         _fwd_kernel[(_cdiv(query_length, bm), batch * heads)](
             q, k, v, out, lse, padded[:, PAD:], slopes, starts, ends,
@@ -724,10 +785,10 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
     n_vals = padded.shape[1] - 2 * PAD
     blocks = _blocks(dim, q.device)
-    common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), MAIN=_main_kind(spec),
-                  FLAT=spec.flat is not None, CAUSAL=spec.causal, RANGES=starts is not None,
-                  PRECISION=_precision(q.dtype), KEYBIAS=key_terms is not None, **_dropout_args(spec, seed))
-    t_lo, t_hi = spec.flat if spec.flat is not None else (-1, n_vals)
+    common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec), CAUSAL=spec.causal,
+                  RANGES=starts is not None, PRECISION=_precision(q.dtype), KEYBIAS=key_terms is not None,
+                  **_dropout_args(spec, seed))
+    t_lo, t_hi = _region_bounds(spec, query_length, n_vals)
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
 
     delta = torch.empty_like(lse)  # (B, H, Lq)
