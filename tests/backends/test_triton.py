@@ -301,6 +301,21 @@ def test_head_dims_that_are_not_powers_of_two_and_an_explicit_scale():
     torch.testing.assert_close(out.cpu().double(), want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [-1.0, 0.0, 2.0])
+@pytest.mark.parametrize("name", ["t5", "none"])
+def test_any_real_scale_with_scores_far_apart(name, scale):
+    """Tiles with no term per score take their row max from q.k's max times the scale, which is the scores' max
+    only for a scale >= 0: a negative scale must not use it (scores over 100 apart overflow exp2 if it does)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, H, 40, D, generator=g) * 3 for _ in range(3))  # a tile's q.k spans > 100
+    bias = BIASES[name]()
+    with torch.no_grad():
+        out = run(bias, q, k, v, scale=scale)
+    want = attend(q, k, v, None if bias is None else bias_oracle(bias, 40, 40), scale=scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.cpu().double(), want, atol=2e-4, rtol=1e-5)  # fp32 q.k ~ 50: eager and SDPA 6e-5 off too
+
+
 BF16_ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(DEVICE == "cpu", reason=(
     "Triton's interpreter multiplies bf16 tiles wrongly (tl.dot of two bf16 16x16 tiles is off by 1e10 under "
     "triton 3.9's interpreter); the GPU runs this case"))]
