@@ -21,6 +21,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import re
@@ -35,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 #: SASS opcodes reported per loop (the rest are counted in ``other``).
-OPCODES = ("HGMMA", "MUFU", "I2F", "I2FP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "LDG", "LDGSTS", "LDS", "STS", "SHFL", "BAR")
+OPCODES = ("HGMMA", "MUFU", "I2F", "I2FP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "LDG", "LDGSTS", "LDS", "STS", "SHFL", "BAR",
+           "LDL", "STL")  # LDL / STL: spilled registers read and written back
 KERNELS = ("_fwd_kernel", "_delta_kernel", "_dkdv_kernel", "_dq_kernel")
 
 #: Per-SM limits by compute capability (NVIDIA's CUDA C++ Programming Guide, "Compute Capabilities"): 32-bit
@@ -114,19 +116,27 @@ def compiling_for(arch: int, blocks=None):
 
     from relpos.backends import _triton
 
+    import triton
+
     compiled: list = []
     saved_driver, saved_blocks = driver._active, _triton._blocks
     saved_runs = {name: getattr(_triton, name).run for name in KERNELS}
+    saved_knobs = triton.knobs.nvidia.dump_ptxas_log, triton.knobs.compilation.always_compile
 
     def compile_only(name, run):
         def launch(*args, **kwargs):
             kwargs["warmup"] = True  # Triton's own compile-without-launch
-            kernel = run(*args, **kwargs)
+            log = io.StringIO()
+            with contextlib.redirect_stdout(log):  # Triton prints ptxas's log as it assembles
+                kernel = run(*args, **kwargs)
+            PTXAS_LOGS.setdefault(kernel.hash, log.getvalue())  # a kernel compiled earlier in this process: no log
             compiled.append((name, kernel))
             return kernel
 
         return launch
 
+    triton.knobs.nvidia.dump_ptxas_log = True
+    triton.knobs.compilation.always_compile = True  # Triton's disk cache would skip ptxas, and its log
     driver.set_active(_TargetDriver(arch))
     _triton._blocks = lambda head_dim, device: blocks or saved_blocks(head_dim, torch.device("cuda"))
     for name, run in saved_runs.items():
@@ -138,6 +148,7 @@ def compiling_for(arch: int, blocks=None):
             getattr(_triton, name).run = run
         _triton._blocks = saved_blocks
         driver._active = saved_driver
+        triton.knobs.nvidia.dump_ptxas_log, triton.knobs.compilation.always_compile = saved_knobs
 
 
 def _spec(variant: Variant, length: int):
@@ -191,7 +202,8 @@ def blocks_per_sm(registers: int, shared_bytes: int, warps: int, arch: int) -> i
 
 
 def resources(kernel, arch: int = 90) -> dict:
-    """Registers per thread, spilled bytes per thread (local memory), shared memory (bytes), and the SASS loops."""
+    """Registers per thread, the stack frame per thread (where ptxas spills registers: bytes), whether ptxas
+    serialized the tensor-core steps (Hopper's wgmma), shared memory (bytes), and the SASS loops."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
         Path(cubin).write_bytes(kernel.asm["cubin"])
@@ -201,13 +213,21 @@ def resources(kernel, arch: int = 90) -> dict:
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     return {
         "registers": registers,
-        "spill_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+        "spill_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)) + int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+        "ptxas_log": bool(PTXAS_LOGS.get(kernel.hash)),  # whether the remarks below were read at all
+        "wgmma_serialized": WGMMA_SERIALIZED in PTXAS_LOGS.get(kernel.hash, ""),
         "shared_bytes": kernel.metadata.shared,
         "warps": kernel.metadata.num_warps,
         "stages": kernel.metadata.num_stages,
         "blocks_per_sm": blocks_per_sm(registers, kernel.metadata.shared, kernel.metadata.num_warps, arch),
         "loops": sass_loops(sass),
     }
+
+
+#: ptxas's remark (C7515) when it makes each Hopper tensor-core step (wgmma) wait for the one before: the tile's matrix
+#: products no longer overlap its other instructions.
+WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
+PTXAS_LOGS: dict[str, str] = {}  # ptxas's log (Triton's own assembly) per compiled kernel's hash
 
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -273,19 +293,21 @@ def table(rows: list[dict]) -> str:
     """Markdown: one line per kernel, its loops as ``instructions (HGMMA, MUFU, I2F, FP32 ops, global loads)``."""
     tiles = len({row["tile"] for row in rows}) > 1
     head = "| variant | " + ("per-offset forward tile | " if tiles else "")
-    lines = [head + "kernel | registers | spilled bytes | shared KiB | blocks per SM | loops: instructions (HGMMA, MUFU, "
-             "I2F, FFMA+FADD+FMUL, loads) |", "|---|" + ("---|" if tiles else "") + "---|---|---|---|---|---|"]
+    lines = [head + "kernel | registers | spilled bytes | wgmma serialized | shared KiB | blocks per SM | loops: "
+             "instructions (HGMMA, MUFU, I2F, FFMA+FADD+FMUL, loads) |",
+             "|---|" + ("---|" if tiles else "") + "---|---|---|---|---|---|---|"]
     for row in rows:
         first = f"| {row['variant']} | " + (f"{row['tile']} | " if tiles else "")
         if "error" in row:
-            lines.append(first + f"does not compile | | | | | {row['error']} |")
+            lines.append(first + f"does not compile | | | | | | {row['error']} |")
             continue
         loops = "; ".join(
             f"{lp['instructions']} ({lp['HGMMA']}, {lp['MUFU']}, {lp['I2F'] + lp['I2FP']}, "
             f"{lp['FFMA'] + lp['FADD'] + lp['FMUL']}, {lp['LDG'] + lp['LDGSTS']})" for lp in row["loops"]
         )
+        serialized = "yes" if row.get("wgmma_serialized") else "no"
         lines.append(first + f"{row['kernel'].removesuffix('_kernel')} | {row['registers']} | {row['spill_bytes']} "
-                     f"| {row['shared_bytes'] / 1024:.0f} | {row['blocks_per_sm']} | {loops} |")
+                     f"| {serialized} | {row['shared_bytes'] / 1024:.0f} | {row['blocks_per_sm']} | {loops} |")
     return "\n".join(lines)
 
 

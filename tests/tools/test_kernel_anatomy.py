@@ -69,16 +69,24 @@ def rows(tmp_path_factory):
     return json.loads(out.read_text())["rows"]
 
 
-def test_kernels_compile_for_an_h100_without_spilling(rows):
+def test_forwards_compile_for_an_h100_without_spills_or_serialized_tensor_cores(rows):
     """Each variant's forward (and the dropout training step's three backward kernels) compiles for sm_90 with the
-    GPU tile shapes: tensor-core loops (HGMMA), no register spills."""
+    GPU tile shapes, with tensor-core loops (HGMMA). The forwards' loops neither touch spilled registers (LDL, STL)
+    nor make each wgmma wait for the one before (ptxas's remark C7515, read from Triton's own ptxas log, which every row
+    has). The backward kernels sit at 255 registers and dq spills (docs/benchmarks/gpu/kernel-anatomy.md): pinned
+    here so the report is known to see a spill; a change that ends it updates this line."""
     kernels = {(r["variant"], r["kernel"]) for r in rows}
     assert kernels == {(v, "fwd_kernel") for v in VARIANTS} | {
         ("T5 table, training, dropout 0.1", k) for k in ("delta_kernel", "dkdv_kernel", "dq_kernel")}
     for row in rows:
-        assert row["spill_bytes"] == 0, row["variant"]
+        assert row["ptxas_log"], row
+        if row["kernel"] == "fwd_kernel":  # (Triton 3.9 spills 8-16 bytes outside the loops: once per block)
+            assert not row["wgmma_serialized"], row["variant"]
+            assert all(loop["LDL"] + loop["STL"] == 0 for loop in row["loops"]), row["variant"]
         if row["kernel"] != "delta_kernel":
             assert row["loops"] and all(loop["HGMMA"] > 0 for loop in row["loops"]), row
+    backward = {r["kernel"]: r for r in rows if r["variant"] == "T5 table, training, dropout 0.1"}
+    assert backward["dq_kernel"]["spill_bytes"] > 0 and backward["dq_kernel"]["registers"] == 255
 
 
 def test_forward_loops_do_one_exp2_and_at_most_one_load_per_score_at_no_terms_occupancy(rows):
