@@ -305,7 +305,7 @@ def table(rows: list[dict]) -> str:
             f"{lp['instructions']} ({lp['HGMMA']}, {lp['MUFU']}, {lp['I2F'] + lp['I2FP']}, "
             f"{lp['FFMA'] + lp['FADD'] + lp['FMUL']}, {lp['LDG'] + lp['LDGSTS']})" for lp in row["loops"]
         )
-        serialized = "yes" if row.get("wgmma_serialized") else "no"
+        serialized = {True: "yes", False: "no"}.get(row.get("wgmma_serialized"), "not read")
         lines.append(first + f"{row['kernel'].removesuffix('_kernel')} | {row['registers']} | {row['spill_bytes']} "
                      f"| {serialized} | {row['shared_bytes'] / 1024:.0f} | {row['blocks_per_sm']} | {loops} |")
     return "\n".join(lines)

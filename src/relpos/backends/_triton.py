@@ -10,7 +10,9 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   offsets all lie in a range the bias marks :attr:`~relpos.OffsetBias.flat` (T5 beyond
   ``max_distance``, clipped beyond R) adds one scalar per head instead;
 * ``BIAS_CAUSAL_LINEAR`` / ``BIAS_SYMMETRIC_LINEAR``: ALiBi's closed forms ``m * min(j - i, 0)`` and
-  ``-m * |j - i|`` from one slope per head;
+  ``-m * |j - i|`` from one slope per head; a tile wholly on one side of the diagonal adds ``+-m * j`` per key
+  and folds ``-+m * i`` into each row's softmax shift (as a flat range's one value is), so it costs one
+  fused multiply-add and one add per score;
 * causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
   tiles they cut are masked. A padding mask of any other pattern (holes), and any key mask on a GPU
   (read there, never back on the CPU), is a per-key term, ``-inf`` on hidden keys, added to every tile's
