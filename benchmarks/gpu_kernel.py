@@ -339,8 +339,9 @@ SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3),
                      ((128, 64, 8, 3), 1), ((64, 64, 4, 2), 4), ((64, 64, 4, 2), 2),
                      ((64, 64, 4, 3), 2, True), ((64, 64, 4, 2), 4, True), ((64, 64, 4, 2), 2, True)]
 # (tile, gather_split[, split_flat]): gathering blocks in halves or quarters keep 64-wide flat blocks; with 2 stages
-# and quarters the kernel fits 3 blocks on an H100's SM instead of 2; split_flat runs the flat blocks in a launch of
-# their own that fits 4, as with no position term (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
+# and the forward's 128-register cap (GPU_BLOCKS' fwd_registers) the kernel fits 4 blocks on an H100's SM with flat
+# tiles of about the no-term tile's instructions; split_flat runs the flat blocks in a launch of their own
+# (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
