@@ -226,6 +226,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-ramp-row-term-sign", "backends/_triton.py", "r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)", "r = slope * tl.arange(0, BM).to(tl.float32)  # (BM,)", "Triton, ALiBi's tiles off the diagonal: the per-row term folded into the softmax shift with the wrong sign", "triton"),
     Mutant("triton-ramp-right-slope-not-negated", "backends/_triton.py", "vals, c_hi, -slope, offs_m, offs_d, offs_dv,\n                                      m0, n0", "vals, c_hi, slope, offs_m, offs_d, offs_dv,\n                                      m0, n0", "Triton forward, symmetric ALiBi: the tiles right of the diagonal ramp up instead of down", "triton"),
     Mutant("triton-raw-max-any-scale", "backends/_triton.py", "SCALE_POS=spec.scale >= 0,", "SCALE_POS=True,", "Triton forward: a negative scale's row max taken from q.k's max (the softmax shift below the largest score)", "triton"),
+    Mutant("triton-wide-positions-from-bits", "backends/_triton.py", "    return max(key_length, query_length + spec.q_offset) >= EXACT_POSITIONS", "    return False", "Triton, ALiBi: positions past 2**22 formed from float bits (wrong beyond 2**22) instead of converted", "triton"),
 ]
 
 

@@ -6,6 +6,7 @@ tiles, flat ranges, causal diagonals and padding edges. With a GPU the same test
 kernel's real tiles, and tests/backends/test_triton_gpu.py adds real sizes.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -429,6 +430,48 @@ def test_auto_never_picks_the_interpreter_on_cpu():
     q, k, v = qkv(2, 600, 600)
     choice = relpos.select_backend(q, k, v, bias=BIASES["t5"]())
     assert choice.backend != "triton" and "CUDA kernel" in choice.rejected["triton"]
+
+
+def test_positions_as_exact_floats_up_to_their_limit():
+    """ALiBi's tiles form positions as floats from their bits (``_exact_float``: no conversion instruction), exact
+    for every integer of magnitude below 2**22; calls whose positions reach ``EXACT_POSITIONS`` convert instead."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def floats(X, OUT, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(OUT + offs, _triton._exact_float(tl.load(X + offs)))
+
+    x = torch.tensor([0, 1, -1, 255, -256, 12345, -54321, (1 << 22) - 1, -(1 << 22) + 1, 3, -3, 7, 1 << 20,
+                      -(1 << 20), 99, -99], dtype=torch.int32)
+    out = torch.empty(16, dtype=torch.float32)
+    floats[(1,)](x.to(DEVICE), out := out.to(DEVICE), 16)
+    assert torch.equal(out.cpu(), x.float())
+    spec = _triton.TritonSpec(_triton.BIAS_CAUSAL_LINEAR, True, 1.0, _triton.EXACT_POSITIONS - 10, None)
+    assert not _triton._wide(spec, 9, 100) and _triton._wide(spec, 10, 100)
+    assert _triton._wide(dataclasses.replace(spec, q_offset=0), 1, _triton.EXACT_POSITIONS)
+    kinds = _triton._kinds(dataclasses.replace(spec, causal=False), wide=True)
+    assert kinds == dict(MAIN=_triton.CAUSAL_LINEAR + _triton.WIDE, LOW=_triton.RAMP + _triton.WIDE, HIGH=_triton.NONE,
+                         FLAT=True)
+
+
+@pytest.mark.parametrize("mode", ["causal", "symmetric"])
+def test_alibi_at_positions_past_the_exact_floats(mode):
+    """A query row at position 2**23 + 3 (past ``EXACT_POSITIONS``): the kernel converts its positions and is as
+    close to fp64 as the eager fp32 route is (fp32 spaces values of m * 2**23 0.5 apart); positions formed from
+    bits there would be 12x further off."""
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(1, 2, 3, D, generator=g), torch.randn(1, 2, 40, D, generator=g)
+    bias = relpos.ALiBi(2, mode=mode, slopes=[0.5, 0.25])
+    offset = (1 << 23) + 3
+    with torch.no_grad():
+        out = run(bias, q, k, k, causal=True, q_offset=offset)
+        eager = relpos.attention(q, k, k, bias=bias, causal=True, q_offset=offset, backend="eager")
+    exact = relpos.attention(q.double(), k.double(), k.double(), bias=bias.double(), causal=True, q_offset=offset,
+                             backend="eager")
+    fp32_error = (eager.double() - exact).abs().max().item()
+    assert (out.cpu().double() - exact).abs().max().item() <= 2 * fp32_error + 1e-4
 
 
 @pytest.mark.parametrize("radius", [2, 18])

@@ -61,6 +61,8 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # (ALiBi's tiles off the diagonal, the slope negated right of it for the symmetric form);
 # CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i| (the tiles the diagonal crosses).
 NONE, SCALAR, GATHER, RAMP, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
+WIDE = 8  # added to RAMP, CAUSAL_LINEAR, SYMMETRIC where positions reach EXACT_POSITIONS: converted, not from bits
+EXACT_POSITIONS = (1 << 22) - 256  # positions (keys; query rows plus q_offset) below this: exact floats from bits
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
@@ -86,17 +88,29 @@ def _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, 
     elif KIND == 2:
         rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
         t = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows))
-    elif KIND == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): one term per key, one per row
-        rows, cols = _tile(tl.arange(0, BM), slope * _exact_float(n0 - m0 - q_offset + tl.arange(0, BN)), KEYS_FIRST)
+    elif KIND % WIDE == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
+        cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= WIDE)
+        rows, cols = _tile(tl.arange(0, BM), slope * cols_f, KEYS_FIRST)
         t = qk * qk_scale + cols
         r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
     else:
         rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
-        if KIND == 4:
-            t = qk * qk_scale + slope * tl.minimum(_exact_float(cols - rows), 0.0)
+        if KIND % WIDE == 4:
+            t = qk * qk_scale + slope * tl.minimum(_as_float(cols - rows, KIND >= WIDE), 0.0)
         else:
-            t = qk * qk_scale - slope * tl.abs(_exact_float(cols - rows))
+            t = qk * qk_scale - slope * tl.abs(_as_float(cols - rows, KIND >= WIDE))
     return t, r
+
+
+@triton.jit
+def _as_float(x, CONVERT: tl.constexpr):
+    """Integer positions ``x`` as fp32: from their bits (:func:`_exact_float`) below ``EXACT_POSITIONS``, converted
+    (``CONVERT``) beyond."""
+    if CONVERT:
+        f = x.to(tl.float32)
+    else:
+        f = _exact_float(x)
+    return f
 
 
 @triton.jit
@@ -701,10 +715,23 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _kinds(spec: TritonSpec) -> dict:
+def _kinds(spec: TritonSpec, wide: bool = False) -> dict:
     """The kernels' tile kinds: ``MAIN`` for the tiles the diagonal or a mask cuts (and, for per-offset values, the
     tiles outside the flat ranges), ``LOW`` / ``HIGH`` for the tiles wholly at offsets <= ``t_lo`` / >= ``t_hi``
-    (:func:`_region_bounds`), ``FLAT`` whether those regions are split off at all."""
+    (:func:`_region_bounds`), ``FLAT`` whether those regions are split off at all. ``wide``: positions reach
+    ``EXACT_POSITIONS`` (:func:`_wide`), so ALiBi's kinds convert them instead."""
+    kinds = _tile_kinds(spec)
+    if wide:
+        kinds.update({name: kind + WIDE for name, kind in kinds.items() if name != "FLAT" and kind >= RAMP})
+    return kinds
+
+
+def _wide(spec: TritonSpec, query_length: int, key_length: int) -> bool:
+    """Whether a key, or a query row plus ``q_offset``, reaches ``EXACT_POSITIONS``."""
+    return max(key_length, query_length + spec.q_offset) >= EXACT_POSITIONS
+
+
+def _tile_kinds(spec: TritonSpec) -> dict:
     if spec.bias_kind == BIAS_OFFSETS:
         return dict(MAIN=GATHER, LOW=SCALAR, HIGH=SCALAR, FLAT=spec.flat is not None)
     if spec.bias_kind in (BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR) and spec.causal:  # every visible key: j <= i
@@ -744,14 +771,14 @@ def _padded_values(values: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _forward_plan(spec: TritonSpec, blocks: _Blocks, dim: int, dim_v: int, dtype: torch.dtype, ranges: bool,
-                  key_bias: bool) -> tuple[int, tuple[int, ...], dict]:
+                  key_bias: bool, wide: bool) -> tuple[int, tuple[int, ...], dict]:
     """(BM, parts, the forward's constant keyword arguments) for calls of this kind with these tiles: worked out once,
     not per call (a model's layers and steps repeat a handful of kinds; the Python per launch is what a GPU waits
     for). The tiles are part of the key: tests and tools/kernel_anatomy.py change them between calls."""
     (bm, bn, warps, stages), split = blocks.forward(spec.bias_kind == BIAS_OFFSETS)
     two_parts = blocks.split_flat and spec.flat is not None and spec.bias_kind == BIAS_OFFSETS and not spec.dropout_p
     dropout = {name: value for name, value in _dropout_args(spec, None).items() if name != "SEED"}
-    constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec), CAUSAL=spec.causal,
+    constants = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec, wide), CAUSAL=spec.causal,
                      RANGES=ranges, BM=bm, BN=bn, PRECISION=_precision(dtype), KEYBIAS=key_bias, GS=split,
                      SCALE_POS=spec.scale >= 0, num_warps=warps, num_stages=stages, **dropout)
     if blocks.fwd_registers is not None and dtype != torch.float32:  # fp32 tiles need more (no tensor cores)
@@ -765,7 +792,7 @@ def _launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec
     batch, heads, query_length, dim = q.shape
     key_length, dim_v = k.shape[2], v.shape[3]
     bm, parts, constants = _forward_plan(spec, _blocks(dim, q.device), dim, dim_v, q.dtype, starts is not None,
-                                         key_terms is not None)
+                                         key_terms is not None, _wide(spec, query_length, key_length))
     out = q.new_empty(batch, heads, query_length, dim_v)  # (B, H, Lq, dv)
     lse = torch.empty(batch, heads, query_length, device=q.device, dtype=torch.float32)  # base 2
     t_lo, t_hi = _region_bounds(spec, query_length, padded.shape[1] - 2 * PAD)
@@ -787,8 +814,8 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     kv_heads, key_length, dim_v = k.shape[1], k.shape[2], v.shape[3]
     n_vals = padded.shape[1] - 2 * PAD
     blocks = _blocks(dim, q.device)
-    common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec), CAUSAL=spec.causal,
-                  RANGES=starts is not None, PRECISION=_precision(q.dtype), KEYBIAS=key_terms is not None,
+    common = dict(D=dim, DV=dim_v, D_PAD=_pow2(dim), DV_PAD=_pow2(dim_v), **_kinds(spec, _wide(spec, query_length, key_length)),
+                  CAUSAL=spec.causal, RANGES=starts is not None, PRECISION=_precision(q.dtype), KEYBIAS=key_terms is not None,
                   **_dropout_args(spec, seed))
     t_lo, t_hi = _region_bounds(spec, query_length, n_vals)
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
