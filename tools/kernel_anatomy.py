@@ -60,6 +60,7 @@ class Variant:
     deterministic: bool = False
     dtype: str = "bfloat16"
     head_dim: int = 64
+    q_offset: int = 0  # 2**23: ALiBi's positions past EXACT_POSITIONS, converted instead of formed from bits
 
 
 #: What benchmarks/gpu_session.py times (docs/benchmarks/gpu/kernel.md), plus the options it does not.
@@ -69,6 +70,7 @@ VARIANTS = (
     Variant("per-offset, no flat range", "offsets"),
     Variant("ALiBi", "symmetric_linear"),
     Variant("causal ALiBi", "causal_linear", causal=True),
+    Variant("ALiBi, positions past 2**22", "symmetric_linear", q_offset=1 << 23),
     Variant("causal T5", "offsets", causal=True, flat=True),
     Variant("T5, key ranges", "offsets", flat=True, ranges=True),
     Variant("T5, key mask on the device", "offsets", flat=True, key_mask=True),
@@ -157,7 +159,7 @@ def _spec(variant: Variant, length: int):
     kinds = {"none": _triton.BIAS_NONE, "offsets": _triton.BIAS_OFFSETS,
              "causal_linear": _triton.BIAS_CAUSAL_LINEAR, "symmetric_linear": _triton.BIAS_SYMMETRIC_LINEAR}
     flat = (length - 1 - 128, length - 1 + 128) if variant.flat else None  # T5's values constant past +-128
-    return _triton.TritonSpec(kinds[variant.bias], variant.causal, variant.head_dim ** -0.5, 0, flat,
+    return _triton.TritonSpec(kinds[variant.bias], variant.causal, variant.head_dim ** -0.5, variant.q_offset, flat,
                               variant.deterministic, variant.dropout)
 
 

@@ -56,7 +56,8 @@ def test_tile_argument_changes_one_kernel_and_names_the_rule():
             kernel_anatomy._blocks_arg(bad)
 
 
-VARIANTS = ("no term", "T5 (flat ranges)", "ALiBi", "T5, key mask on the device", "T5 table, training, dropout 0.1")
+VARIANTS = ("no term", "T5 (flat ranges)", "ALiBi", "ALiBi, positions past 2**22", "T5, key mask on the device",
+            "T5 table, training, dropout 0.1")
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,7 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i| (the tiles the diagonal crosses).
 NONE, SCALAR, GATHER, RAMP, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
 WIDE = 8  # added to RAMP, CAUSAL_LINEAR, SYMMETRIC where positions reach EXACT_POSITIONS: converted, not from bits
+_WIDE = tl.constexpr(WIDE)  # inside the kernels (a compiled kernel reads only constexpr globals)
 EXACT_POSITIONS = (1 << 22) - 256  # positions (keys; query rows plus q_offset) below this: exact floats from bits
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
@@ -88,17 +89,17 @@ def _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, 
     elif KIND == 2:
         rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
         t = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows))
-    elif KIND % WIDE == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
-        cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= WIDE)
+    elif KIND % _WIDE == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
+        cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= _WIDE)
         rows, cols = _tile(tl.arange(0, BM), slope * cols_f, KEYS_FIRST)
         t = qk * qk_scale + cols
         r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
     else:
         rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
-        if KIND % WIDE == 4:
-            t = qk * qk_scale + slope * tl.minimum(_as_float(cols - rows, KIND >= WIDE), 0.0)
+        if KIND % _WIDE == 4:
+            t = qk * qk_scale + slope * tl.minimum(_as_float(cols - rows, KIND >= _WIDE), 0.0)
         else:
-            t = qk * qk_scale - slope * tl.abs(_as_float(cols - rows, KIND >= WIDE))
+            t = qk * qk_scale - slope * tl.abs(_as_float(cols - rows, KIND >= _WIDE))
     return t, r
 
 
