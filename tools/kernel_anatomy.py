@@ -176,7 +176,7 @@ def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int =
     if variant.ranges or variant.key_mask:
         starts, ends = torch.zeros(2, dtype=torch.int32), torch.full((2,), length, dtype=torch.int32)
     if variant.key_mask:
-        key_terms = torch.zeros(2, 1, length)
+        key_terms = torch.zeros(2, 1, length + _triton.KEY_PAD)
     seed = torch.zeros(1, dtype=torch.int64)
     spec = _spec(variant, length)
     with compiling_for(arch, blocks) as compiled:

@@ -62,8 +62,9 @@ BIAS_NONE, BIAS_OFFSETS, BIAS_CAUSAL_LINEAR, BIAS_SYMMETRIC_LINEAR = 0, 1, 2, 3
 # CAUSAL_LINEAR: m * min(j - i, 0); SYMMETRIC: -m * |j - i| (the tiles the diagonal crosses).
 NONE, SCALAR, GATHER, RAMP, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
 WIDE = 8  # added to RAMP, CAUSAL_LINEAR, SYMMETRIC where positions reach EXACT_POSITIONS: converted, not from bits
-_WIDE = tl.constexpr(WIDE)  # inside the kernels (a compiled kernel reads only constexpr globals)
+# (the kernels write it as the literal 8: a compiled kernel reads no Python-int global, the interpreter no constexpr's %)
 EXACT_POSITIONS = (1 << 22) - 256  # positions (keys; query rows plus q_offset) below this: exact floats from bits
+KEY_PAD = 128  # -inf past a key mask's last key: a tile (<= 128 keys) loads its per-key terms unchecked
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
@@ -89,17 +90,17 @@ def _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, 
     elif KIND == 2:
         rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
         t = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows))
-    elif KIND % _WIDE == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
-        cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= _WIDE)
+    elif KIND % 8 == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
+        cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= 8)
         rows, cols = _tile(tl.arange(0, BM), slope * cols_f, KEYS_FIRST)
         t = qk * qk_scale + cols
         r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
     else:
         rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
-        if KIND % _WIDE == 4:
-            t = qk * qk_scale + slope * tl.minimum(_as_float(cols - rows, KIND >= _WIDE), 0.0)
+        if KIND % 8 == 4:
+            t = qk * qk_scale + slope * tl.minimum(_as_float(cols - rows, KIND >= 8), 0.0)
         else:
-            t = qk * qk_scale - slope * tl.abs(_as_float(cols - rows, KIND >= _WIDE))
+            t = qk * qk_scale - slope * tl.abs(_as_float(cols - rows, KIND >= 8))
     return t, r
 
 
@@ -178,10 +179,10 @@ def _seed(SEED, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _key_terms(kb_row, offs_n, limit):
+def _key_terms(kb_row, offs_n):
     """(BN,) the per-key term of keys ``offs_n`` (log2 units; ``-inf`` hides a key: a padding mask of any
-    pattern), ``-inf`` past ``limit``."""
-    return tl.load(kb_row + offs_n, mask=offs_n < limit, other=float("-inf"))
+    pattern). The terms run ``KEY_PAD`` keys past ``Lk``, all ``-inf`` (:func:`_key_mask_terms`): no bounds check."""
+    return tl.load(kb_row + offs_n)
 
 
 @triton.jit
@@ -251,7 +252,7 @@ def _fwd_step(
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
     t, r = _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, offs_m.shape[0], BN, False)
     if KEYBIAS:
-        t = t + _key_terms(kb_row, offs_n, hi)[None, :]
+        t = t + _key_terms(kb_row, offs_n)[None, :]
     if MASK:
         t = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), t, float("-inf"))
     if KIND <= 1 and not KEYBIAS and not MASK and SCALE_POS:  # t = qk * qk_scale: its max is qk's, scaled
@@ -469,7 +470,7 @@ def _dkdv_kernel(
         rng_base = _dropout_base(b * H + h, Lq, Lk)
         kb = tl.zeros([BN], tl.float32)
         if KEYBIAS:  # this key block's per-key terms for query head h
-            kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n, Lk)
+            kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n)
         for m0 in range(m_start, u0, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
@@ -534,7 +535,7 @@ def _dq_step(
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BM, BN)
     s, r = _scores(s, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, BN, False)
     if KEYBIAS:
-        s = s + _key_terms(kb_row, offs_n, hi)[None, :]
+        s = s + _key_terms(kb_row, offs_n)[None, :]
     p = tl.math.exp2(s - (lse - r)[:, None])
     if MASK:
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
@@ -998,14 +999,16 @@ _last_key_mask = KeptResult()  # _key_mask_terms()'s last mask and result
 
 
 def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(key terms (B, 1, Lk) fp32: 0 or -inf, starts (B,), ends (B,))`` for a boolean key mask read on the device:
-    the blocks outside each example's kept keys are skipped too. The last is kept: a model's layers pass one padding
-    mask per forward, so its eleven operators (launches on a GPU) run once, not once per layer."""
+    """``(key terms (B, 1, Lk + KEY_PAD) fp32: 0 or -inf, starts (B,), ends (B,))`` for a boolean key mask read on the
+    device (the ``KEY_PAD`` keys past the end hidden too, so a tile loads its terms with no bounds check): the blocks
+    outside each example's kept keys are skipped too. The last is kept: a model's layers pass one padding mask per
+    forward, so its operators (launches on a GPU) run once, not once per layer."""
     key = storage_key(key_mask) if may_reuse(key_mask.device) else None  # never under compile: no storage there
     kept = None if key is None else _last_key_mask.get(key, key_mask.device)
     if kept is None:
-        terms = torch.zeros(key_mask.shape, device=key_mask.device).masked_fill(~key_mask, float("-inf"))  # (B, Lk)
-        kept = (terms[:, None], *_mask_bounds(key_mask))  # (B, 1, Lk), (B,), (B,)
+        padded = torch.nn.functional.pad(key_mask, (0, KEY_PAD))  # (B, Lk + KEY_PAD)
+        terms = torch.where(padded, 0.0, float("-inf"))  # fp32
+        kept = (terms[:, None], *_mask_bounds(key_mask))  # (B, 1, Lk + KEY_PAD), (B,), (B,)
         if key is not None:
             _last_key_mask.keep(key, key_mask.device, (key_mask,), kept)
     return kept
