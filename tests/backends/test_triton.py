@@ -106,16 +106,22 @@ def test_every_bias_family_forward_and_gradients(name, causal):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["decode_row", "decode_rows", "cross", "cross_causal_offset", "longer_queries"])
-def test_query_and_key_lengths_differ(case):
-    lq, lk, causal, q_offset = {
-        "decode_row": (1, 50, True, 49),
-        "decode_rows": (3, 50, True, 47),
-        "cross": (17, 50, False, 0),
-        "cross_causal_offset": (20, 50, True, 30),
-        "longer_queries": (50, 19, False, 0),
-    }[case]
-    bias = BIASES["t5"]()
+LENGTHS = {  # (Lq, Lk, causal, q_offset)
+    "decode_row": (1, 50, True, 49),
+    "decode_rows": (3, 50, True, 47),
+    "cross": (17, 50, False, 0),
+    "cross_causal_offset": (20, 50, True, 30),
+    "longer_queries": (50, 19, False, 0),
+}
+
+
+@pytest.mark.parametrize("name,case", [(n, c) for n in ("t5", "alibi", "alibi_symmetric") for c in LENGTHS
+                                       if LENGTHS[c][2] or n not in CAUSAL_ONLY])
+def test_query_and_key_lengths_differ(name, case):
+    """Decoding rows, cross attention and a causal offset: T5's flat ranges and ALiBi's tiles on either side of the
+    diagonal ``j = i + q_offset`` (their per-row terms) where the query rows sit at ``q_offset``."""
+    lq, lk, causal, q_offset = LENGTHS[case]
+    bias = BIASES[name]()
     q, k, v = qkv(2, lq, lk)
     with torch.no_grad():
         out = run(bias, q, k, v, causal=causal, q_offset=q_offset)
