@@ -228,6 +228,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-raw-max-any-scale", "backends/_triton.py", "SCALE_POS=spec.scale >= 0,", "SCALE_POS=True,", "Triton forward: a negative scale's row max taken from q.k's max (the softmax shift below the largest score)", "triton"),
     Mutant("triton-wide-positions-from-bits", "backends/_triton.py", "    return max(key_length, query_length + spec.q_offset) >= EXACT_POSITIONS", "    return False", "Triton, ALiBi: positions past 2**22 formed from float bits (wrong beyond 2**22) instead of converted", "triton"),
     Mutant("triton-ramp-ignores-q-offset", "backends/_triton.py", "cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= 8)", "cols_f = _as_float(n0 - m0 + tl.arange(0, BN), KIND >= 8)", "Triton, ALiBi's tiles off the diagonal: key positions taken relative to the rows' places without q_offset (decoding rows)", "triton"),
+    Mutant("triton-key-mask-holes-flag-dropped", "backends/_triton.py", "terms[:, -1] = key_mask.sum(-1) < ends - starts", "terms[:, -1] = 0.0", "Triton, a key mask read per key: every example marked as hiding no key inside its kept range (holes unmasked)", "triton"),
 ]
 
 

@@ -64,7 +64,9 @@ NONE, SCALAR, GATHER, RAMP, CAUSAL_LINEAR, SYMMETRIC = 0, 1, 2, 3, 4, 5
 WIDE = 8  # added to RAMP, CAUSAL_LINEAR, SYMMETRIC where positions reach EXACT_POSITIONS: converted, not from bits
 # (the kernels write it as the literal 8: a compiled kernel reads no Python-int global, the interpreter no constexpr's %)
 EXACT_POSITIONS = (1 << 22) - 256  # positions (keys; query rows plus q_offset) below this: exact floats from bits
-KEY_PAD = 128  # -inf past a key mask's last key: a tile (<= 128 keys) loads its per-key terms unchecked
+KEY_PAD = 128  # -inf past a key mask's last key: a tile (<= 128 keys) loads its per-key terms unchecked; the last
+# of them (no tile reads it) says whether the example hides a key between its first and last kept one (1.0) or not (0.0)
+KEY_PAD_ = tl.constexpr(KEY_PAD)
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
@@ -270,6 +272,54 @@ def _fwd_step(
     return acc, m_new, l_i
 
 
+@triton.jit
+def _fwd_blocks(
+    acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+    stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
+    FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
+    PRECISION: tl.constexpr, GS: tl.constexpr, PART: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr,
+    SCALE_POS: tl.constexpr,
+):
+    """Every key block of one query block (``_fwd_kernel``'s regions), the softmax state carried through."""
+    if FLAT and PART != 2:  # the blocks wholly left of the diagonal or of a flat range's low end
+        c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
+        for n0 in range(lo, e1, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    if FLAT and PART != 2:  # wholly right of it (ALiBi's symmetric ramp: the slope negated)
+        c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
+        for n0 in range(e2, full, BN):
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, -slope, offs_m, offs_d, offs_dv,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    if PART != 1 and MAIN < 3:  # per-offset values: the gathered blocks, then the masked ones
+        for n0 in range(e1, e2, BN):
+            for part in tl.static_range(GS):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
+        for n0 in range(full, hi, BN):
+            for part in tl.static_range(GS):
+                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
+    if MAIN >= 3:  # ALiBi: the few blocks the diagonal crosses and the masked ones in one loop, masked
+        n_mid = (e2 - e1) // BN
+        for i in range(0, n_mid + (hi - full + BN - 1) // BN):
+            n0 = tl.where(i < n_mid, e1 + i * BN, full + (i - n_mid) * BN)
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    return acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "drop_t"])
 def _fwd_kernel(
     Q, K, V, O, LSE, VALS, SLOPES, STARTS, ENDS,
@@ -320,41 +370,19 @@ def _fwd_kernel(
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV_PAD], tl.float32)
-    if FLAT and PART != 2:  # the blocks wholly left of the diagonal or of a flat range's low end
-        c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
-        for n0 in range(lo, e1, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
-    if FLAT and PART != 2:  # wholly right of it (ALiBi's symmetric ramp: the slope negated)
-        c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
-        for n0 in range(e2, full, BN):
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, -slope, offs_m, offs_d, offs_dv,
-                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
-    if PART != 1 and MAIN < 3:  # per-offset values: the gathered blocks, then the masked ones
-        for n0 in range(e1, e2, BN):
-            for part in tl.static_range(GS):
-                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
-        for n0 in range(full, hi, BN):
-            for part in tl.static_range(GS):
-                acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                          m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
-                                          D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
-    if MAIN >= 3:  # ALiBi: the few blocks the diagonal crosses and the masked ones in one loop, masked
-        n_mid = (e2 - e1) // BN
-        for i in range(0, n_mid + (hi - full + BN - 1) // BN):
-            n0 = tl.where(i < n_mid, e1 + i * BN, full + (i - n_mid) * BN)
-            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
-                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
+    no_holes = False
+    if KEYBIAS:  # a key mask read per key; one that hides no key between the example's first and last kept one
+        no_holes = tl.load(kb_row + Lk + KEY_PAD_ - 1) == 0.0  # needs no terms in [lo, hi) (_key_mask_terms)
+    if no_holes:
+        acc, m_i, l_i = _fwd_blocks(
+                acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+                D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BN, PRECISION, GS, PART, LOW, HIGH, SCALE_POS)
+    else:
+        acc, m_i, l_i = _fwd_blocks(
+                acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+                D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BN, PRECISION, GS, PART, LOW, HIGH, SCALE_POS)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
@@ -1000,15 +1028,19 @@ _last_key_mask = KeptResult()  # _key_mask_terms()'s last mask and result
 
 def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(key terms (B, 1, Lk + KEY_PAD) fp32: 0 or -inf, starts (B,), ends (B,))`` for a boolean key mask read on the
-    device (the ``KEY_PAD`` keys past the end hidden too, so a tile loads its terms with no bounds check): the blocks
-    outside each example's kept keys are skipped too. The last is kept: a model's layers pass one padding mask per
+    device (the ``KEY_PAD`` keys past the end hidden too, so a tile loads its terms with no bounds check; the very
+    last entry, which no tile reads, is 1.0 where the example hides a key between its first and last kept one, and
+    0.0 where it does not, which the forward then skips the terms for): the blocks outside each example's kept keys
+    are skipped too. The last is kept: a model's layers pass one padding mask per
     forward, so its operators (launches on a GPU) run once, not once per layer."""
     key = storage_key(key_mask) if may_reuse(key_mask.device) else None  # never under compile: no storage there
     kept = None if key is None else _last_key_mask.get(key, key_mask.device)
     if kept is None:
         padded = torch.nn.functional.pad(key_mask, (0, KEY_PAD))  # (B, Lk + KEY_PAD)
         terms = torch.where(padded, 0.0, float("-inf"))  # fp32
-        kept = (terms[:, None], *_mask_bounds(key_mask))  # (B, 1, Lk + KEY_PAD), (B,), (B,)
+        starts, ends = _mask_bounds(key_mask)  # (B,), (B,)
+        terms[:, -1] = key_mask.sum(-1) < ends - starts  # 1.0: a hidden key between the first and last kept one
+        kept = (terms[:, None], starts, ends)  # (B, 1, Lk + KEY_PAD), (B,), (B,)
         if key is not None:
             _last_key_mask.keep(key, key_mask.device, (key_mask,), kept)
     return kept
