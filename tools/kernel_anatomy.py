@@ -79,6 +79,7 @@ VARIANTS = (
     Variant("causal T5 table, training", "offsets", causal=True, flat=True, backward=True),
     Variant("T5 table, training, deterministic", "offsets", flat=True, backward=True, deterministic=True),
     Variant("T5 table, training, dropout 0.1", "offsets", flat=True, backward=True, dropout=0.1),
+    Variant("T5 table, training, key mask on the device", "offsets", flat=True, key_mask=True, backward=True),
     Variant("T5, fp16", "offsets", flat=True, dtype="float16"),
     Variant("T5, fp32", "offsets", flat=True, dtype="float32"),
     Variant("T5, d = 128", "offsets", flat=True, head_dim=128),

@@ -181,6 +181,17 @@ def _seed(SEED, DROPOUT: tl.constexpr):
 
 
 @triton.jit
+def _no_holes(kb_row, Lk, KEYBIAS: tl.constexpr):
+    """Whether a key mask read per key hides no key between this example's first and last kept one (the flag in
+    its terms' last entry, :func:`_key_mask_terms`): the blocks in between then need no per-key terms. False
+    without a key mask (nothing to skip)."""
+    no_holes = False
+    if KEYBIAS:
+        no_holes = tl.load(kb_row + Lk + KEY_PAD_ - 1) == 0.0
+    return no_holes
+
+
+@triton.jit
 def _key_terms(kb_row, offs_n):
     """(BN,) the per-key term of keys ``offs_n`` (log2 units; ``-inf`` hides a key: a padding mask of any
     pattern). The terms run ``KEY_PAD`` keys past ``Lk``, all ``-inf`` (:func:`_key_mask_terms`): no bounds check."""
@@ -370,10 +381,7 @@ def _fwd_kernel(
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV_PAD], tl.float32)
-    no_holes = False
-    if KEYBIAS:  # a key mask read per key; one that hides no key between the example's first and last kept one
-        no_holes = tl.load(kb_row + Lk + KEY_PAD_ - 1) == 0.0  # needs no terms in [lo, hi) (_key_mask_terms)
-    if no_holes:
+    if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         acc, m_i, l_i = _fwd_blocks(
                 acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
                 stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
@@ -585,40 +593,17 @@ def _dq_step(
     return dq, total
 
 
-@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "drop_t"])
-def _dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
-    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot, KB, stride_kbb, stride_kbh,
-    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, SEED, drop_t, drop_scale,
-    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
-    KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
-    HIGH: tl.constexpr,
+@triton.jit
+def _dq_blocks(
+    q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+    n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
+    FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    LOW: tl.constexpr, HIGH: tl.constexpr,
 ):
-    """dq of one query block, and its share of the per-offset values' gradient."""
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    seed = _seed(SEED, DROPOUT)
-    b, h = pid_bh // H, pid_bh % H
-    m0 = pid_m * BM
-    offs_m = m0 + tl.arange(0, BM)
-    offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
-    q = _load_block(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, offs_d, Lq, D, D_PAD, True)  # (BM, D)
-    do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
-    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
-    vals = VALS + h * stride_vals + (Lq - 1)
-    dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
-    rng_base = _dropout_base(pid_bh, Lq, Lk)
-    kb_row = KB + b * stride_kbb + h * stride_kbh
-    slope = 0.0
-    if MAIN >= 3:
-        slope = tl.load(SLOPES + h) * _LOG2E
-    lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
-    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
+    """``(dq, the low and the high flat ranges' dS sums)`` of one query block over every key block
+    (``_dq_kernel``'s regions)."""
     dq = tl.zeros([BM, D_PAD], tl.float32)
     diagonals = BIAS_GRAD and MAIN == 2
     lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
@@ -653,6 +638,53 @@ def _dq_kernel(
                             seed, rng_base, Lk, drop_t, drop_scale, kb_row,
                             D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
                             PRECISION)
+    return dq, lo_sum, hi_sum
+
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "drop_t"])
+def _dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot, KB, stride_kbb, stride_kbh,
+    H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, SEED, drop_t, drop_scale,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
+    KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
+    HIGH: tl.constexpr,
+):
+    """dq of one query block, and its share of the per-offset values' gradient."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    seed = _seed(SEED, DROPOUT)
+    b, h = pid_bh // H, pid_bh % H
+    m0 = pid_m * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
+    q = _load_block(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, offs_d, Lq, D, D_PAD, True)  # (BM, D)
+    do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
+    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    vals = VALS + h * stride_vals + (Lq - 1)
+    dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
+    rng_base = _dropout_base(pid_bh, Lq, Lk)
+    kb_row = KB + b * stride_kbb + h * stride_kbh
+    slope = 0.0
+    if MAIN >= 3:
+        slope = tl.load(SLOPES + h) * _LOG2E
+    lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
+    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
+    if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
+        dq, lo_sum, hi_sum = _dq_blocks(
+            q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BIAS_GRAD, DETERMINISTIC, BM, BN, BT, PRECISION, LOW, HIGH)
+    else:
+        dq, lo_sum, hi_sum = _dq_blocks(
+            q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BIAS_GRAD, DETERMINISTIC, BM, BN, BT, PRECISION, LOW, HIGH)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and LOW == 1:  # the flat tiles' whole gradient lands on the range's one entry
