@@ -16,7 +16,8 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
 * causal attention and key padding (one run of kept keys per example) skip whole tiles; only the
   tiles they cut are masked. A padding mask of any other pattern (holes), and any key mask on a GPU
   (read there, never back on the CPU), is a per-key term, ``-inf`` on hidden keys, added to every tile's
-  scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits;
+  scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits; an example
+  that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq;
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
   position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the
   forward's mask, whatever the tiles; the drop probability is rounded to 2**-16 and kept weights
