@@ -111,10 +111,12 @@ class _TargetDriver:
 
 
 @contextlib.contextmanager
-def compiling_for(arch: int, blocks=None):
+def compiling_for(arch: int, blocks=None, ptxas_logs: bool = False):
     """Inside: relpos's kernel launches compile for ``sm_<arch>`` and return the compiled kernels instead of
     running; ``(kernel name, CompiledKernel)`` pairs are appended to the yielded list. ``blocks``: the
-    :class:`~relpos.backends._triton._Blocks` to compile with (the GPU's for d = 64 by default)."""
+    :class:`~relpos.backends._triton._Blocks` to compile with (the GPU's for d = 64 by default). ``ptxas_logs``: keep
+    ptxas's log of each compile in :data:`PTXAS_LOGS` (every kernel compiled again, Triton's disk cache bypassed; the
+    log is captured around each launch, which a timing of the launch path must not pay)."""
     from triton.runtime.driver import driver
 
     from relpos.backends import _triton
@@ -129,17 +131,21 @@ def compiling_for(arch: int, blocks=None):
     def compile_only(name, run):
         def launch(*args, **kwargs):
             kwargs["warmup"] = True  # Triton's own compile-without-launch
-            log = io.StringIO()
-            with contextlib.redirect_stdout(log):  # Triton prints ptxas's log as it assembles
+            if not ptxas_logs:
                 kernel = run(*args, **kwargs)
-            PTXAS_LOGS.setdefault(kernel.hash, log.getvalue())  # a kernel compiled earlier in this process: no log
+            else:
+                log = io.StringIO()
+                with contextlib.redirect_stdout(log):  # Triton prints ptxas's log as it assembles
+                    kernel = run(*args, **kwargs)
+                PTXAS_LOGS.setdefault(kernel.hash, log.getvalue())  # compiled earlier in this process: no log
             compiled.append((name, kernel))
             return kernel
 
         return launch
 
-    triton.knobs.nvidia.dump_ptxas_log = True
-    triton.knobs.compilation.always_compile = True  # Triton's disk cache would skip ptxas, and its log
+    if ptxas_logs:
+        triton.knobs.nvidia.dump_ptxas_log = True
+        triton.knobs.compilation.always_compile = True  # Triton's disk cache would skip ptxas, and its log
     driver.set_active(_TargetDriver(arch))
     _triton._blocks = lambda head_dim, device: blocks or saved_blocks(head_dim, torch.device("cuda"))
     for name, run in saved_runs.items():
@@ -171,7 +177,6 @@ def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int =
     dtype = getattr(torch, variant.dtype)
     q = torch.zeros(2, 4, length, variant.head_dim, dtype=dtype)  # (B, H, L, d): never read, only described
     values = torch.zeros(4, 2 * length - 1)  # (H, 2L - 1)
-    padded = _triton._padded_values(values)
     slopes = torch.ones(4)
     starts = ends = key_terms = None
     if variant.ranges or variant.key_mask:
@@ -180,7 +185,8 @@ def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int =
         key_terms = torch.zeros(2, 1, length + _triton.KEY_PAD)
     seed = torch.zeros(1, dtype=torch.int64)
     spec = _spec(variant, length)
-    with compiling_for(arch, blocks) as compiled:
+    padded = _triton._padded_values(values, spec)
+    with compiling_for(arch, blocks, ptxas_logs=True) as compiled:
         out, lse = _triton._launch_forward(q, q, q, padded, slopes, starts, ends, key_terms, seed, spec)
         if variant.backward:
             _triton._launch_backward(q, q, q, q, out, lse, padded, slopes, starts, ends, key_terms, seed, spec,

@@ -778,11 +778,13 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+@functools.lru_cache(maxsize=64)
 def _kinds(spec: TritonSpec, wide: bool = False) -> dict:
     """The kernels' tile kinds: ``MAIN`` for the tiles the diagonal or a mask cuts (and, for per-offset values, the
     tiles outside the flat ranges), ``LOW`` / ``HIGH`` for the tiles wholly at offsets <= ``t_lo`` / >= ``t_hi``
     (:func:`_region_bounds`), ``FLAT`` whether those regions are split off at all. ``wide``: positions reach
-    ``EXACT_POSITIONS`` (:func:`_wide`), so ALiBi's kinds convert them instead."""
+    ``EXACT_POSITIONS`` (:func:`_wide`), so ALiBi's kinds convert them instead. Kept per kind of call (the backward
+    asks per call); callers expand it, never change it."""
     kinds = _tile_kinds(spec)
     if wide:
         kinds.update({name: kind + WIDE for name, kind in kinds.items() if name != "FLAT" and kind >= RAMP})
@@ -819,11 +821,14 @@ def _region_bounds(spec: TritonSpec, query_length: int, n_vals: int) -> tuple[in
 _last_padded = KeptResult()  # _padded_values()'s last input and result
 
 
-def _padded_values(values: torch.Tensor) -> torch.Tensor:
+def _padded_values(values: torch.Tensor, spec: TritonSpec) -> torch.Tensor:
     """(Hb, PAD + n + PAD) fp32 values times log2(e), the kernels' units: tiles read past either end without a bounds
     mask. The last result is kept: a model's layers share one bias per forward, so its
     values are padded once, not once per layer (:mod:`relpos._reuse` permitting), and again when they change
-    in place."""
+    in place. A call whose kernels read no values (no position term, ALiBi's closed forms) gets one zero row per
+    device, built once."""
+    if spec.bias_kind != BIAS_OFFSETS:
+        return _unused_values(values.device)
     key = storage_key(values)
     padded = _last_padded.get(key, values.device)
     if padded is None:
@@ -919,7 +924,7 @@ def _forward(q, k, v, values, slopes, starts, ends, key_terms, seed, spec: Trito
     """The forward from :func:`triton_attention`'s inputs: ``(q, k, v, padded, out, lse)``, q, k and v as launched
     (last dimension contiguous) and the padded values, which the backward reads again."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))  # (B, H, Lq, d), (B, Hkv, Lk, d), (B, Hkv, Lk, dv)
-    padded = _padded_values(values)  # (Hb, n + 2 PAD)
+    padded = _padded_values(values, spec)  # (Hb, n + 2 PAD)
     return q, k, v, padded, *_launch_forward(q, k, v, padded, slopes, starts, ends, key_terms, seed, spec)
 
 
@@ -997,7 +1002,7 @@ def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
     q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out))
-    dq, dk, dv, dvals = _launch_backward(grad_out, q, k, v, out, lse, _padded_values(values), slopes, starts, ends,
+    dq, dk, dv, dvals = _launch_backward(grad_out, q, k, v, out, lse, _padded_values(values, spec), slopes, starts, ends,
                                          key_terms, seed, spec, bias_grad)
     return dq, dk, dv, dvals if dvals is not None else values.new_zeros(0, dtype=torch.float32)
 
@@ -1080,6 +1085,14 @@ def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
 
 
 _UNUSED: dict[torch.device, torch.Tensor] = {}
+_UNUSED_VALUES: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_values(device: torch.device) -> torch.Tensor:
+    """(1, 2 PAD + 1) fp32 zeros on ``device``: the padded values of a call whose kernels read none."""
+    if device not in _UNUSED_VALUES:
+        _UNUSED_VALUES[device] = torch.zeros(1, 2 * PAD + 1, device=device, dtype=torch.float32)
+    return _UNUSED_VALUES[device]
 
 
 def _unused(device: torch.device) -> torch.Tensor:
