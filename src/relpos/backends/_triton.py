@@ -1124,7 +1124,7 @@ def triton_attention(
     """
     device = query.device
     if values is None or spec.bias_kind != BIAS_OFFSETS:
-        values = _unused(device)[None]  # (1, 1): never read
+        values = _unused(device)  # (1,): never read (_padded_values)
     if slopes is None:
         slopes = _unused(device)
     starts = ends = None
