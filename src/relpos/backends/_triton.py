@@ -402,6 +402,13 @@ def _fwd_kernel(
 
 
 # ------------------------------------------------------------------------------------------ backward
+# Regions: each backward kernel visits its blocks in up to five loops, one per tile kind (masked, flat high, gathered,
+# flat low, masked), each carrying the accumulators (dk and dv, or dq) into the next. A loop that may run no step
+# sits behind its own branch (``_dkdv_region``, ``_dq_region``): bare, its zero-step path copied the accumulators
+# just before the wait that ends the loop's last tensor-core steps, and ptxas (Triton 3.6's, sm_90) then serialized
+# every wgmma of the kernel (remark C7515: "non wgmma instructions defining accumulator registers ... between start
+# and end of the pipeline stage"); behind a branch each loop ends in its own wait. Read with tools/kernel_anatomy.py
+# (docs/benchmarks/gpu/kernel-anatomy.md).
 @triton.jit
 def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm, H, Lq,
                   DV: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr):
@@ -447,6 +454,25 @@ def _dkdv_step(
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
     dst = pt * (dpt - delta[None, :])
     dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_region(
+    dk, dv, m_lo, m_hi, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
+    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """dk, dv over the query blocks ``[m_lo, m_hi)`` of one region (one tile kind), its loop behind its own branch
+    (see "Regions" above)."""
+    if m_lo < m_hi:
+        for m0 in range(m_lo, m_hi, BM):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d,
+                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
+                                seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, BM, PRECISION)
     return dk, dv
 
 
@@ -508,35 +534,30 @@ def _dkdv_kernel(
         kb = tl.zeros([BN], tl.float32)
         if KEYBIAS:  # this key block's per-key terms for query head h
             kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n)
-        for m0 in range(m_start, u0, BM):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
+        dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
+                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              BM, PRECISION)
         if FLAT:
             c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
-            for m0 in range(u0, f1, BM):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
-                                    offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                    D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
-        for m0 in range(f1, f2, BM):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
+            dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
+                                  offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
+                                  rng_base, Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                  DROPOUT, KEYBIAS, BM, PRECISION)
+        dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
+                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS,
+                              BM, PRECISION)
         if FLAT:
             c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
-            for m0 in range(f2, u1, BM):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
-                                    offs_d, offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                    seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                    D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BM, PRECISION)
-        for m0 in range(u1, m_end, BM):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n, offs_d,
-                                offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb,
-                                D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BM, PRECISION)
+            dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
+                                  offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
+                                  rng_base, Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                  DROPOUT, KEYBIAS, BM, PRECISION)
+        dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
+                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              BM, PRECISION)
     kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
@@ -595,6 +616,27 @@ def _dq_step(
 
 
 @triton.jit
+def _dq_region(
+    dq, total, n_lo, n_hi, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, m0, lo,
+    hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """``(dq, total + the tiles' dS sums)`` over the key blocks ``[n_lo, n_hi)`` of one region (one tile kind),
+    its loop behind its own branch (see "Regions" above)."""
+    if n_lo < n_hi:
+        for n0 in range(n_lo, n_hi, BN):
+            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv,
+                                n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, DIAGONALS, DETERMINISTIC, BM,
+                                BN, BT, PRECISION)
+            total += part
+    return dq, total
+
+
+@triton.jit
 def _dq_blocks(
     q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
     n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
@@ -609,36 +651,27 @@ def _dq_blocks(
     diagonals = BIAS_GRAD and MAIN == 2
     lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
     hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
+    unused = tl.sum(tl.zeros([BM], tl.float32), 0)
     if FLAT:
         c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
-        for n0 in range(lo, e1, BN):
-            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d, offs_dv,
-                                n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                                D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
-                                PRECISION)
-            lo_sum += part
-    for n0 in range(e1, e2, BN):
-        dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
-                            n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
-                            PRECISION)
+        dq, lo_sum = _dq_region(dq, lo_sum, lo, e1, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m,
+                                offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
+                                rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+    dq, unused = _dq_region(dq, unused, e1, e2, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
+                            offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
+                            rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False,
+                            DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
     if FLAT:
         c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
-        for n0 in range(e2, full, BN):
-            dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope, offs_m, offs_d, offs_dv,
-                                n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                                D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT,
-                                PRECISION)
-            hi_sum += part
-    for n0 in range(full, hi, BN):
-        dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
-                            n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                            seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-                            D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT,
-                            PRECISION)
+        dq, hi_sum = _dq_region(dq, hi_sum, e2, full, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope,
+                                offs_m, offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset,
+                                qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH,
+                                CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+    dq, unused = _dq_region(dq, unused, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
+                            offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
+                            rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
+                            KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
     return dq, lo_sum, hi_sum
 
 
