@@ -342,7 +342,8 @@ SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3),
 # and the forward's 128-register cap (GPU_BLOCKS' fwd_registers) the kernel fits 4 blocks on an H100's SM with flat
 # tiles of about the no-term tile's instructions; split_flat runs the flat blocks in a launch of their own
 # (compiled, not timed: docs/benchmarks/gpu/kernel-anatomy.md)
-SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
+SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)]
+# (32 x 128 with 8 warps: 216 registers and no spill, against 255 and a few spilled bytes with 4; compiled, not timed)
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 
 
