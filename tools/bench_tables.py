@@ -138,7 +138,7 @@ TABLES: list[Table] = [
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table) for run in ("", "-tiles")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("-before-ramp", "-triton3.9")],
+      for run in ("-before-ramp", "-before-branch", "-triton3.9")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
     *[Table("gpu/triton-host.md", f"gpu/triton-host{run}.json", triton_host_table) for run in ("", "-before")],
     *_same_name("t5-family", [
