@@ -82,6 +82,21 @@ def run(bias, q, k, v, **kwargs):
 @pytest.mark.parametrize("name,causal", [(n, c) for n in sorted(BIASES) for c in (False, True) if c or n not in CAUSAL_ONLY])
 def test_every_bias_family_forward_and_gradients(name, causal):
     """Output and the gradients of q, k, v and every parameter of the bias against fp64 autograd."""
+    check_forward_and_gradients(name, causal)
+
+
+@pytest.mark.parametrize("name,causal", [("kerple", False), ("t5", True)])
+def test_bias_gradient_with_dq_tiles_taller_than_wide(name, causal, monkeypatch):
+    """dq sums each tile's dS along its diagonals as the two halves of a cyclic skew (``_diagonal_sums``): with tiles
+    of 32 queries x 16 keys (the GPU's d = 128 shape, 128 x 32, scaled down) every parameter's gradient equals fp64;
+    a dq tile wider than tall is refused when the tiles are made."""
+    monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks((16, 16, 1, 1), (16, 16, 1, 1), (32, 16, 1, 1)))
+    check_forward_and_gradients(name, causal)
+    with pytest.raises(ValueError, match=r"dq tile \(16, 32\).*at most its BM"):
+        _triton._Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 32, 1, 1))
+
+
+def check_forward_and_gradients(name, causal):
     bias = BIASES[name]()
     q, k, v = qkv(2, 45, 45)
     keep = torch.ones(2, 45, dtype=torch.bool)

@@ -568,14 +568,17 @@ def _dkdv_kernel(
 
 
 @triton.jit
-def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr):
-    """(BT,) sums of ``ds`` (BM, BN) along its diagonals: entry ``u`` sums ``ds[i, j]`` with ``j - i = u - BM + 1``."""
-    u = tl.arange(0, BT)[:, None]
+def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr):
+    """Sums of ``ds`` (BM, BN), BN <= BM, along its diagonals, as two (BM,) vectors: ``upper[r]`` sums ``ds[i, j]``
+    with ``j - i = r``, ``lower[r]`` those with ``j - i = r - BM``. Row r of the cyclic skew ``ds[(j - r) mod BM, j]``
+    holds both (a tile's BM x BN gathered values; a full skew would hold (BM + BN) x BN)."""
+    tl.static_assert(BN <= BM)
+    r = tl.arange(0, BM)[:, None]
     j = tl.arange(0, BN)[None, :]
-    i = j - u + BM - 1  # (BT, BN): the row of ds on diagonal u in column j
-    on = (i >= 0) & (i < BM)
-    skewed = tl.gather(ds, tl.where(on, i, 0), axis=0)  # (BT, BN)
-    return tl.sum(tl.where(on, skewed, 0.0), 1)
+    skewed = tl.gather(ds, (j - r) & (BM - 1), axis=0)  # (BM, BN): [r, j] = ds[(j - r) mod BM, j]
+    upper = tl.sum(tl.where(j >= r, skewed, 0.0), 1)  # (BM,): offset r
+    lower = tl.sum(tl.where(j < r, skewed, 0.0), 1)  # (BM,): offset r - BM
+    return upper, lower
 
 
 @triton.jit
@@ -584,7 +587,7 @@ def _dq_step(
     stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dq += dS k for one key block; returns the tile's dS sum too (the gradient of a flat tile's one value)."""
     offs_n = n0 + tl.arange(0, BN)
@@ -606,10 +609,12 @@ def _dq_step(
     if KIND == 1:
         total = tl.sum(tl.sum(ds, 1), 0)
     if DIAGONALS:
-        u = tl.arange(0, BT)
-        target = n0 - (m0 + BM - 1) + Lq - 1 + u  # values index of each diagonal of the tile
-        ok = (u < BM + BN - 1) & (target >= 0) & (target < n_vals)
-        tl.atomic_add(dvals + target, _diagonal_sums(ds, BM, BN, BT), mask=ok)
+        upper, lower = _diagonal_sums(ds, BM, BN)
+        w = tl.arange(0, BM)
+        target = n0 - m0 + Lq - 1 + w  # (BM,): values index of offset n0 - m0 + w
+        tl.atomic_add(dvals + target, upper, mask=(w < BN) & (target >= 0) & (target < n_vals))
+        low = target - BM
+        tl.atomic_add(dvals + low, lower, mask=(w > 0) & (low >= 0) & (low < n_vals))
         if DETERMINISTIC:  # this program's own slot: its tiles add in loop order
             tl.debug_barrier()
     return dq, total
@@ -621,7 +626,7 @@ def _dq_region(
     hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """``(dq, total + the tiles' dS sums)`` over the key blocks ``[n_lo, n_hi)`` of one region (one tile kind),
     its loop behind its own branch (see "Regions" above)."""
@@ -631,7 +636,7 @@ def _dq_region(
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
                                 seed, rng_base, Lk, drop_t, drop_scale, kb_row,
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, DIAGONALS, DETERMINISTIC, BM,
-                                BN, BT, PRECISION)
+                                BN, PRECISION)
             total += part
     return dq, total
 
@@ -642,7 +647,7 @@ def _dq_blocks(
     n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
     FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
     LOW: tl.constexpr, HIGH: tl.constexpr,
 ):
     """``(dq, the low and the high flat ranges' dS sums)`` of one query block over every key block
@@ -657,21 +662,21 @@ def _dq_blocks(
         dq, lo_sum = _dq_region(dq, lo_sum, lo, e1, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m,
                                 offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
                                 rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
-                                DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
     dq, unused = _dq_region(dq, unused, e1, e2, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
                             offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
                             rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False,
-                            DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, PRECISION)
     if FLAT:
         c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
         dq, hi_sum = _dq_region(dq, hi_sum, e2, full, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope,
                                 offs_m, offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset,
                                 qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH,
-                                CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, BT, PRECISION)
+                                CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
     dq, unused = _dq_region(dq, unused, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
                             offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
                             rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
-                            KEYBIAS, diagonals, DETERMINISTIC, BM, BN, BT, PRECISION)
+                            KEYBIAS, diagonals, DETERMINISTIC, BM, BN, PRECISION)
     return dq, lo_sum, hi_sum
 
 
@@ -684,7 +689,7 @@ def _dq_kernel(
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, DETERMINISTIC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
     HIGH: tl.constexpr,
 ):
     """dq of one query block, and its share of the per-offset values' gradient."""
@@ -713,12 +718,12 @@ def _dq_kernel(
         dq, lo_sum, hi_sum = _dq_blocks(
             q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
             n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BIAS_GRAD, DETERMINISTIC, BM, BN, BT, PRECISION, LOW, HIGH)
+            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
     else:
         dq, lo_sum, hi_sum = _dq_blocks(
             q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
             n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
-            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BIAS_GRAD, DETERMINISTIC, BM, BN, BT, PRECISION, LOW, HIGH)
+            D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and LOW == 1:  # the flat tiles' whole gradient lands on the range's one entry
@@ -738,6 +743,11 @@ class _Blocks:
     gather_split: int = 1  # that forward's gathering (and masked) blocks in this many steps of BN / gather_split keys
     split_flat: bool = False  # that forward, with a flat range and no dropout, as two launches (_fwd_kernel's PART)
     fwd_registers: int | None = None  # the forward's register cap (ptxas's maxnreg) for 16-bit inputs; None: ptxas's
+
+    def __post_init__(self) -> None:
+        if self.dq[1] > self.dq[0]:
+            raise ValueError(f"dq tile {self.dq[:2]}: its BN must be at most its BM (the values' gradient sums each tile "
+                             "along its diagonals as two halves of a cyclic skew, _diagonal_sums)")
 
     def forward(self, offsets: bool) -> tuple[tuple[int, int, int, int], int]:
         """(BM, BN, warps, stages) of the forward, and its GS."""
@@ -946,7 +956,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
         dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0, *keys,
         heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
         n_vals, t_lo, t_hi, **common, BIAS_GRAD=bias_grad, DETERMINISTIC=spec.deterministic, BM=bm, BN=bn,
-        BT=_next_pow2(bm + bn - 1), num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )
     if not bias_grad:
         return dq, dk, dv, None
