@@ -230,6 +230,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-ramp-ignores-q-offset", "backends/_triton.py", "cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= 8)", "cols_f = _as_float(n0 - m0 + tl.arange(0, BN), KIND >= 8)", "Triton, ALiBi's tiles off the diagonal: key positions taken relative to the rows' places without q_offset (decoding rows)", "triton"),
     Mutant("triton-key-mask-holes-flag-dropped", "backends/_triton.py", "terms[:, -1] = key_mask.sum(-1) < ends - starts", "terms[:, -1] = 0.0", "Triton, a key mask read per key: every example marked as hiding no key inside its kept range (holes unmasked)", "triton"),
     Mutant("triton-diagonal-lower-half-cut", "backends/_triton.py", "tl.atomic_add(dvals + low, lower, mask=(w > 0) & (low >= 0) & (low < n_vals))", "tl.atomic_add(dvals + low, lower, mask=(w > BM - BN) & (low >= 0) & (low < n_vals))", "Triton: a dq tile taller than wide drops the gradient of its farthest negative offsets (the cyclic skew's lower half)", "triton"),
+    Mutant("triton-flat-rows-last-tile-only", "backends/_triton.py", "            rows += part\n", "            rows = part\n", "Triton dq: a flat range's gradient keeps only the last tile of each region (its rows' sums overwritten, not added)", "triton"),
 ]
 
 

@@ -589,7 +589,8 @@ def _dq_step(
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dq += dS k for one key block; returns the tile's dS sum too (the gradient of a flat tile's one value)."""
+    """dq += dS k for one key block; returns the (BM,) row sums of the tile's dS too (for a flat tile: its one value's
+    gradient, summed over rows once per region)."""
     offs_n = n0 + tl.arange(0, BN)
     k = _load_block(k_base, offs_n, stride_kn, offs_d, hi, D, D_PAD, MASK)  # (BN, D)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
@@ -605,9 +606,9 @@ def _dq_step(
         dp = tl.where(tl.trans(_kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)), dp * drop_scale, 0.0)
     ds = p * (dp - delta[:, None])  # the score gradient, natural units
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
-    total = tl.sum(tl.zeros([BM], tl.float32), 0)
-    if KIND == 1:
-        total = tl.sum(tl.sum(ds, 1), 0)
+    rows = tl.zeros([BM], tl.float32)
+    if KIND == 1:  # a flat tile: its rows' dS sums (summed over rows once per region, not per tile)
+        rows = tl.sum(ds, 1)
     if DIAGONALS:
         upper, lower = _diagonal_sums(ds, BM, BN)
         w = tl.arange(0, BM)
@@ -617,7 +618,7 @@ def _dq_step(
         tl.atomic_add(dvals + low, lower, mask=(w > 0) & (low >= 0) & (low < n_vals))
         if DETERMINISTIC:  # this program's own slot: its tiles add in loop order
             tl.debug_barrier()
-    return dq, total
+    return dq, rows
 
 
 @triton.jit
@@ -630,6 +631,7 @@ def _dq_region(
 ):
     """``(dq, total + the tiles' dS sums)`` over the key blocks ``[n_lo, n_hi)`` of one region (one tile kind),
     its loop behind its own branch (see "Regions" above)."""
+    rows = tl.zeros([BM], tl.float32)
     if n_lo < n_hi:
         for n0 in range(n_lo, n_hi, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv,
@@ -637,8 +639,8 @@ def _dq_region(
                                 seed, rng_base, Lk, drop_t, drop_scale, kb_row,
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, DIAGONALS, DETERMINISTIC, BM,
                                 BN, PRECISION)
-            total += part
-    return dq, total
+            rows += part
+    return dq, total + tl.sum(rows, 0)
 
 
 @triton.jit
