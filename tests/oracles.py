@@ -145,15 +145,16 @@ def dropout_keep(seed: int, batch: int, heads: int, query_length: int, key_lengt
     return out
 
 
-def _philox_words(seed: int, counters: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Philox4x32-10 (Salmon et al., SC 2011) of the 64-bit ``counters`` as the 4-word counter
-    ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the four output words (uint32), as
-    Triton's ``tl.randint4x(seed, offset)`` documents it. numpy, written from the paper's round function."""
+def _philox_words(seed: int, counters: np.ndarray, rounds: int = 7) -> tuple[np.ndarray, ...]:
+    """Philox4x32 with ``rounds`` rounds (Salmon et al., SC 2011; 7 in relpos's kernel, as in FlashAttention-2) of the
+    64-bit ``counters`` as the 4-word counter ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the four
+    output words (uint32), as Triton's ``tl.randint4x(seed, offset, n_rounds)`` documents it. numpy, written from
+    the paper's round function."""
     m32 = np.uint64(0xFFFFFFFF)
     c0, c1 = counters & m32, counters >> np.uint64(32)
     c2 = c3 = np.zeros_like(c0)
     k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
-    for _ in range(10):
+    for _ in range(rounds):
         prod_a, prod_b = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # exact: 32 x 32 bits fit in 64
         c0, c1, c2, c3 = ((prod_b >> np.uint64(32)) ^ c1 ^ k0, prod_b & m32, (prod_a >> np.uint64(32)) ^ c3 ^ k1,
                           prod_a & m32)

@@ -231,6 +231,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-key-mask-holes-flag-dropped", "backends/_triton.py", "terms[:, -1] = key_mask.sum(-1) < ends - starts", "terms[:, -1] = 0.0", "Triton, a key mask read per key: every example marked as hiding no key inside its kept range (holes unmasked)", "triton"),
     Mutant("triton-diagonal-lower-half-cut", "backends/_triton.py", "tl.atomic_add(dvals + low, lower, mask=(w > 0) & (low >= 0) & (low < n_vals))", "tl.atomic_add(dvals + low, lower, mask=(w > BM - BN) & (low >= 0) & (low < n_vals))", "Triton: a dq tile taller than wide drops the gradient of its farthest negative offsets (the cyclic skew's lower half)", "triton"),
     Mutant("triton-flat-rows-last-tile-only", "backends/_triton.py", "            rows += part\n", "            rows = part\n", "Triton dq: a flat range's gradient keeps only the last tile of each region (its rows' sums overwritten, not added)", "triton"),
+    Mutant("triton-dropout-ten-rounds", "backends/_triton.py", "tl.randint4x(seed, offset, 7)", "tl.randint4x(seed, offset, 10)", "Triton dropout: Philox with 10 rounds while the documented rule (and the oracle) has 7", "triton"),
 ]
 
 

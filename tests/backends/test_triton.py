@@ -20,7 +20,7 @@ pytest.importorskip("triton")  # the dev extra installs it (tests/conftest.py: u
 import relpos  # noqa: E402
 from relpos.backends import _triton  # noqa: E402
 
-from oracles import assert_bias_matters, attend, bias_oracle, philox_keep  # noqa: E402
+from oracles import _philox_words, assert_bias_matters, attend, bias_oracle, philox_keep  # noqa: E402
 from relpos.backends._dropout import draw_seed_tensor  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -518,6 +518,18 @@ def seeded_call(seed):
     """The dropout seed relpos.attention draws after ``torch.manual_seed(seed)`` (one draw per call, on the device)."""
     torch.manual_seed(seed)
     return int(draw_seed_tensor(DEVICE).item())
+
+
+def test_the_philox_oracle_gives_random123s_known_answers():
+    """The numpy Philox4x32 the dropout tests read masks from equals the known-answer vectors Random123 publishes
+    (Salmon et al.'s reference implementation, kat_vectors: zero counter and key) for 7 rounds, the kernel's (as
+    FlashAttention-2's), and 10."""
+    import numpy as np
+
+    for rounds, expected in ((7, (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+                             (10, (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8))):
+        words = _philox_words(0, np.zeros(1, dtype=np.uint64), rounds)
+        assert tuple(int(w[0]) for w in words) == expected, rounds
 
 
 def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(monkeypatch):

@@ -18,7 +18,7 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   (read there, never back on the CPU), is a per-key term, ``-inf`` on hidden keys, added to every tile's
   scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits; an example
   that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq;
-* attention dropout: each tile draws the keep-mask of its scores with Philox4x32-10 at each score's
+* attention dropout: each tile draws the keep-mask of its scores with Philox4x32-7 at each score's
   position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the
   forward's mask, whatever the tiles; the drop probability is rounded to 2**-16 and kept weights
   scaled by ``1 / (1 - p')`` as in relpos's other backends.
@@ -147,14 +147,14 @@ def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
 @triton.jit
 def _kept(seed, rng_base, rows, cols, Lk, threshold):
     """Dropout's keep-mask, ``(BN, BM)`` (keys by rows), of the scores of query ``rows`` (BM,) (a block starting at
-    a multiple of 8) and keys ``cols`` (BN,) of one (example, head). One Philox4x32-10 evaluation, keyed by
+    a multiple of 8) and keys ``cols`` (BN,) of one (example, head). One Philox4x32-7 evaluation, keyed by
     ``seed`` at counter ``rng_base + (i // 8) * Lk + j``, gives four 32-bit words for the eight rows of group
     ``i // 8`` and key ``j``: row ``i`` reads word ``i % 4``, its low 16 bits when ``i % 8 < 4``, else its high 16
     bits; a score is kept when that value is at least ``threshold = round(p * 2**16)``.
     (``rng_base = (b * H + h) * ceil(Lq / 8) * Lk``.)"""
     groups = tl.min(tl.reshape(rows, (rows.shape[0] // 8, 8)), 1) // 8  # (BM / 8,)
     offset = rng_base + groups[None, :].to(tl.int64) * Lk + cols[:, None]  # (BN, BM / 8)
-    w0, w1, w2, w3 = tl.randint4x(seed, offset)
+    w0, w1, w2, w3 = tl.randint4x(seed, offset, 7)  # 7 rounds, as FlashAttention-2's (and SDPA's flash) dropout
     words = tl.join(tl.join(_halves(w0), _halves(w2)), tl.join(_halves(w1), _halves(w3)))  # (BN, BM/8, half, 2, 2)
     return tl.reshape(words, (cols.shape[0], rows.shape[0])) >= threshold  # row 8 g + 4 half + word
 
