@@ -345,6 +345,9 @@ SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3),
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)]
 # (32 x 128 with 8 warps: 216 registers and no spill, against 255 and a few spilled bytes with 4; compiled, not timed)
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
+# dk/dv with dropout 0.1 (T5's training default): 32 x 128 with 8 warps holds the mask in 245 registers with no spill,
+# where 4 warps spill 560 bytes and touch them 53-133 times per loop (compiled, not timed: kernel-anatomy.md)
+SWEEP_DKDV_DROPOUT = [(32, 128, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3)]
 
 
 def _fastest(times: dict, options: list):
@@ -353,16 +356,17 @@ def _fastest(times: dict, options: list):
 
 def sweep(batch, heads, length, dim, rounds) -> dict:
     """Time tile configurations: the forward with no term, the forward with T5's per-offset values (tile and
-    gather split), the T5 training step's two backward kernels; keep the fastest of each (``_triton.GPU_BLOCKS[64]``)."""
+    gather split), the T5 training step's two backward kernels (dk/dv also with dropout 0.1); keep the fastest of
+    each (``_triton.GPU_BLOCKS[64]``)."""
     q, k, v = make_inputs(batch, heads, length, dim, grad=True)
     bias = t5(heads, grad=True)
     best = dataclasses.asdict(_triton.GPU_BLOCKS[64])
     report = {}
 
-    def timed_with(fields: dict, term, train: bool):
+    def timed_with(fields: dict, term, train: bool, **kw):
         _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **fields))
         with torch.enable_grad() if train else torch.no_grad():
-            run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton")
+            run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton", **kw)
             return measure({"x": run}, train=train, rounds=rounds)["x"]["ms"]
 
     report["fwd"] = {str(c): timed_with({"fwd": c}, None, False) for c in SWEEP_FWD}
@@ -373,6 +377,8 @@ def sweep(batch, heads, length, dim, rounds) -> dict:
     for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):
         report[kernel] = {str(c): timed_with({kernel: c}, bias, True) for c in configs}
         best[kernel] = _fastest(report[kernel], configs)
+    report["dkdv_dropout"] = {str(c): timed_with({"dkdv_dropout": c}, bias, True, dropout_p=0.1) for c in SWEEP_DKDV_DROPOUT}
+    best["dkdv_dropout"] = _fastest(report["dkdv_dropout"], SWEEP_DKDV_DROPOUT)
     _triton.GPU_BLOCKS[64] = _triton._Blocks(**best)
     report["chosen"] = best
     print("sweep:", json.dumps(report), flush=True)

@@ -54,7 +54,7 @@ def errors(payload: dict) -> str:
 def sweep(payload: dict) -> str:
     s = payload.get("sweep") or {}
     lines = ["| kernel | (BM, BN, warps, stages): ms |", "|---|---|"]
-    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq"):
+    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq", "dkdv_dropout"):
         if kernel not in s:
             continue
         cells = ", ".join(f"{cfg}: {'failed' if ms is None else f'{ms:.2f}'}" for cfg, ms in s[kernel].items())

@@ -287,10 +287,10 @@ def _tile_name(blocks) -> str:
 
     base = _triton.GPU_BLOCKS[64]
     changed = []
-    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq"):
+    for kernel in ("fwd", "fwd_offsets", "dkdv", "dq", "dkdv_dropout"):
         tile = getattr(blocks, kernel)
         offsets_changed = (blocks.gather_split, blocks.split_flat) != (base.gather_split, base.split_flat)
-        if tile != getattr(base, kernel) or (kernel == "fwd_offsets" and offsets_changed):
+        if tile is not None and (tile != getattr(base, kernel) or (kernel == "fwd_offsets" and offsets_changed)):
             bm, bn, warps, stages = tile
             split = f", gather split {blocks.gather_split}" if kernel == "fwd_offsets" else ""
             split += ", flat blocks in their own launch" if kernel == "fwd_offsets" and blocks.split_flat else ""
@@ -327,20 +327,21 @@ def page(payload: dict) -> str:
 
 
 def _blocks_arg(text: str):
-    """``[KERNEL=]BM,BN,warps,stages[,gather_split]``: one kernel's tile (KERNEL among fwd, fwd_offsets, dkdv, dq;
-    fwd_offsets, the forward that reads per-offset values, by default), the others as in GPU_BLOCKS[64]."""
+    """``[KERNEL=]BM,BN,warps,stages[,gather_split]``: one kernel's tile (KERNEL among fwd, fwd_offsets, dkdv, dq,
+    dkdv_dropout; fwd_offsets, the forward that reads per-offset values, by default), the others as in
+    GPU_BLOCKS[64]."""
     from relpos.backends import _triton
 
     kernel, _, numbers = text.rpartition("=")
     kernel = kernel or "fwd_offsets"
     split = kernel == "fwd_offsets" and numbers.endswith(",split")
     numbers = numbers.removesuffix(",split") if split else numbers
-    bad = kernel not in ("fwd", "fwd_offsets", "dkdv", "dq") or not re.fullmatch(
+    bad = kernel not in ("fwd", "fwd_offsets", "dkdv", "dq", "dkdv_dropout") or not re.fullmatch(
         r"\d+(,\d+){3,4}" if kernel == "fwd_offsets" else r"\d+(,\d+){3}", numbers)
     if bad:
         raise argparse.ArgumentTypeError(
             f"a tile is [KERNEL=]BM,BN,warps,stages (fwd_offsets: [,gather_split][,split]) with KERNEL among fwd, "
-            f"fwd_offsets, dkdv, dq; got {text!r}")
+            f"fwd_offsets, dkdv, dq, dkdv_dropout; got {text!r}")
     values = [int(x) for x in numbers.split(",")]
     fields = {kernel: tuple(values[:4])}
     if kernel == "fwd_offsets":

@@ -552,12 +552,22 @@ def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(monkeypa
     assert abs(1 - keep.float().mean().item() - p) < 0.02  # 11,840 draws
 
 
-@pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows"])
-def test_dropout_forward_and_gradients_equal_the_oracle(case):
+@pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows", "dkdv_dropout_tile"])
+def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
     """With dropout, output and the gradients of q, k, v and the table equal fp64 autograd of the formula with
-    the kernel's mask (tests/oracles.py philox_keep): the backward re-draws the forward's mask in both kernels."""
+    the kernel's mask (tests/oracles.py philox_keep): the backward re-draws the forward's mask in both kernels;
+    also with dk/dv on its own dropout tile (``_Blocks.dkdv_dropout``, 32 keys a block here against 16)."""
+    launches = []
+    if case == "dkdv_dropout_tile":
+        monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", dataclasses.replace(_triton.INTERPRETER_BLOCKS,
+                                                                               dkdv_dropout=(16, 32, 1, 1)))
+        kernel_type = type(_triton._dkdv_kernel)
+        real = kernel_type.__getitem__
+        monkeypatch.setattr(kernel_type, "__getitem__",
+                            lambda self, grid: (self is _triton._dkdv_kernel and launches.append(grid)) or real(self, grid))
     bias, batch, lq, lk, kv_heads, causal, q_offset = {
         "t5_causal_padded": (BIASES["t5"](), 2, 45, 45, H, True, 0),
+        "dkdv_dropout_tile": (BIASES["t5"](), 2, 45, 45, H, True, 0),
         "alibi_grouped": (BIASES["alibi"](), 2, 33, 33, 2, True, 0),
         "cross_rows": (BIASES["clipped"](), 1, 20, 50, H, False, 0),
     }[case]
@@ -587,6 +597,8 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case):
     assert len(got) == len(want_grads) >= 3
     for a, b in zip(got, want_grads):
         torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    if case == "dkdv_dropout_tile":
+        assert [grid[0] for grid in launches] == [2], launches  # ceil(45 / 32) key blocks: the dropout tile
 
 
 @pytest.mark.parametrize("layout", ["holes", "holes_and_an_empty_example", "alternate"])

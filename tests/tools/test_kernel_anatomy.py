@@ -51,6 +51,9 @@ def test_tile_argument_changes_one_kernel_and_names_the_rule():
     assert blocks.dq == (64, 32, 4, 2) and blocks.dkdv == _triton.GPU_BLOCKS[64].dkdv
     assert kernel_anatomy._tile_name(blocks) == "dq 64x32, 4 warps, 2 stages"
     assert kernel_anatomy._blocks_arg("64,64,4,2,4").gather_split == 4
+    dropout = kernel_anatomy._blocks_arg("dkdv_dropout=32,128,8,3")
+    assert dropout.keys(True) == (32, 128, 8, 3) and dropout.keys(False) == _triton.GPU_BLOCKS[64].dkdv
+    assert kernel_anatomy._tile_name(dropout) == "dkdv_dropout 32x128, 8 warps, 3 stages"
     for bad in ("64,32", "dq=64,32,4,2,2", "bwd=64,32,4,2"):
         with pytest.raises(Exception, match="BM,BN,warps,stages"):
             kernel_anatomy._blocks_arg(bad)

@@ -745,11 +745,16 @@ class _Blocks:
     gather_split: int = 1  # that forward's gathering (and masked) blocks in this many steps of BN / gather_split keys
     split_flat: bool = False  # that forward, with a flat range and no dropout, as two launches (_fwd_kernel's PART)
     fwd_registers: int | None = None  # the forward's register cap (ptxas's maxnreg) for 16-bit inputs; None: ptxas's
+    dkdv_dropout: tuple[int, int, int, int] | None = None  # dk/dv with dropout (its mask's registers); dkdv if None
 
     def __post_init__(self) -> None:
         if self.dq[1] > self.dq[0]:
             raise ValueError(f"dq tile {self.dq[:2]}: its BN must be at most its BM (the values' gradient sums each tile "
                              "along its diagonals as two halves of a cyclic skew, _diagonal_sums)")
+
+    def keys(self, dropout: bool) -> tuple[int, int, int, int]:
+        """(BM, BN, warps, stages) of the dk/dv kernel."""
+        return self.dkdv_dropout if dropout and self.dkdv_dropout is not None else self.dkdv
 
     def forward(self, offsets: bool) -> tuple[tuple[int, int, int, int], int]:
         """(BM, BN, warps, stages) of the forward, and its GS."""
@@ -767,7 +772,8 @@ class _Blocks:
 #: Larger head dimensions keep the fused-attention tutorial's shapes (not measured here). ``gather_split=2`` with a
 #: 64 x 64 forward of per-offset values is in the sweep, not yet timed (docs/benchmarks/gpu/kernel.md). The forward's
 #: 128-register cap keeps four 4-warp blocks per SM (65536 registers) where ptxas would take 150-170 for ALiBi and
-#: lose one, with no spill (docs/benchmarks/gpu/kernel-anatomy.md; not yet timed).
+#: lose one, with no spill (docs/benchmarks/gpu/kernel-anatomy.md; not yet timed). dk/dv with dropout keeps dkdv's
+#: shape until the sweep (``dkdv_dropout``: 32 x 128 with 8 warps holds the mask without spilling) is timed.
 GPU_BLOCKS: dict[int, _Blocks] = {
     64: _Blocks((64, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), fwd_offsets=(64, 32, 4, 3), fwd_registers=128),
     128: _Blocks((128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 2)),
@@ -938,7 +944,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
         out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
         DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
     )
-    bm, bn, warps, stages = blocks.dkdv
+    bm, bn, warps, stages = blocks.keys(bool(spec.dropout_p))
     dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
     dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
     _dkdv_kernel[(_cdiv(key_length, bn), batch * kv_heads)](
