@@ -623,14 +623,14 @@ def _dq_step(
 
 @triton.jit
 def _dq_region(
-    dq, total, n_lo, n_hi, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, m0, lo,
+    dq, n_lo, n_hi, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, m0, lo,
     hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``(dq, total + the tiles' dS sums)`` over the key blocks ``[n_lo, n_hi)`` of one region (one tile kind),
-    its loop behind its own branch (see "Regions" above)."""
+    """``(dq, the tiles' dS sum)`` over the key blocks ``[n_lo, n_hi)`` of one region (one tile kind), its loop
+    behind its own branch (see "Regions" above); the sum is a flat region's one value's gradient."""
     rows = tl.zeros([BM], tl.float32)
     if n_lo < n_hi:
         for n0 in range(n_lo, n_hi, BN):
@@ -640,7 +640,7 @@ def _dq_region(
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, DIAGONALS, DETERMINISTIC, BM,
                                 BN, PRECISION)
             rows += part
-    return dq, total + tl.sum(rows, 0)
+    return dq, tl.sum(rows, 0)
 
 
 @triton.jit
@@ -658,27 +658,26 @@ def _dq_blocks(
     diagonals = BIAS_GRAD and MAIN == 2
     lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
     hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
-    unused = tl.sum(tl.zeros([BM], tl.float32), 0)
     if FLAT:
         c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
-        dq, lo_sum = _dq_region(dq, lo_sum, lo, e1, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m,
-                                offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
+        dq, lo_sum = _dq_region(dq, lo, e1, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d,
+                                offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
                                 rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
                                 DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
-    dq, unused = _dq_region(dq, unused, e1, e2, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
-                            offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
-                            rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False,
-                            DROPOUT, KEYBIAS, diagonals, DETERMINISTIC, BM, BN, PRECISION)
+    dq, _ = _dq_region(dq, e1, e2, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
+                       m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                       drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals,
+                       DETERMINISTIC, BM, BN, PRECISION)
     if FLAT:
         c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
-        dq, hi_sum = _dq_region(dq, hi_sum, e2, full, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope,
-                                offs_m, offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset,
-                                qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH,
-                                CAUSAL, False, DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
-    dq, unused = _dq_region(dq, unused, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m,
-                            offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
-                            rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
-                            KEYBIAS, diagonals, DETERMINISTIC, BM, BN, PRECISION)
+        dq, hi_sum = _dq_region(dq, e2, full, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope, offs_m,
+                                offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
+                                rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
+    dq, _ = _dq_region(dq, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d,
+                       offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk,
+                       drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                       diagonals, DETERMINISTIC, BM, BN, PRECISION)
     return dq, lo_sum, hi_sum
 
 
