@@ -136,7 +136,8 @@ TABLES: list[Table] = [
     *_same_name("gpu", ["t5", "bloom", "mpt"], model_tables),
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
-    *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table) for run in ("", "-tiles")],
+    *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
+      for run in ("", "-tiles", "-backward-tiles")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
       for run in ("-before-ramp", "-before-branch", "-triton3.9")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
