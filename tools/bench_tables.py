@@ -137,9 +137,9 @@ TABLES: list[Table] = [
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("", "-tiles", "-backward-tiles")],
+      for run in ("", "-tiles")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("-before-ramp", "-before-branch", "-triton3.9")],
+      for run in ("-before-ramp", "-before-branch", "-triton3.9", "-backward-tiles")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
     *[Table("gpu/triton-host.md", f"gpu/triton-host{run}.json", triton_host_table) for run in ("", "-before")],
     *_same_name("t5-family", [
@@ -335,7 +335,8 @@ DESCRIPTIONS: dict[str, str] = {
                                   "included (one tile shape for every forward)",
     "gpu/kernel-anatomy.md": "what the Triton kernel compiles to for an H100, without a GPU: registers, shared memory, "
                              "blocks per SM and each loop's instructions, per variant and tile shape",
-    "gpu/kernel-anatomy-compare.md": "the same, for the kernel the GPU last timed and with Triton 3.9 (CI's)",
+    "gpu/kernel-anatomy-compare.md": "the same, for the kernel the GPU last timed, the backward before its branches, "
+    "with Triton 3.9 (CI's) and dk/dv with 8 warps",
     "gpu/decoding-step.md": "the host's share of a T5 and a Bloom decoding step (time, operators, reads back), "
                             "relpos against transformers, measured on the CPU",
     "gpu/triton-host.md": "the CPU time of one Triton-route attention call before its kernels start (relpos's Python, "
