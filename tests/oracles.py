@@ -145,14 +145,13 @@ def dropout_keep(seed: int, batch: int, heads: int, query_length: int, key_lengt
     return out
 
 
-def _philox_words(seed: int, counters: np.ndarray, rounds: int = 7) -> tuple[np.ndarray, ...]:
+def _philox_words(seed: int, c0: np.ndarray, c1=0, c2=0, c3=0, rounds: int = 7) -> tuple[np.ndarray, ...]:
     """Philox4x32 with ``rounds`` rounds (Salmon et al., SC 2011; 7 in relpos's kernel, as in FlashAttention-2) of the
-    64-bit ``counters`` as the 4-word counter ``(lo, hi, 0, 0)`` under the 64-bit key ``seed`` ``(lo, hi)``: the four
-    output words (uint32), as Triton's ``tl.randint4x(seed, offset, n_rounds)`` documents it. numpy, written from
-    the paper's round function."""
+    counter ``(c0, c1, c2, c3)`` (32-bit words, broadcast together) under the 64-bit key ``seed`` ``(lo, hi)``: the
+    four output words (uint32), as Triton's ``tl.philox(seed, c0, c1, c2, c3, n_rounds)`` documents it. numpy,
+    written from the paper's round function."""
     m32 = np.uint64(0xFFFFFFFF)
-    c0, c1 = counters & m32, counters >> np.uint64(32)
-    c2 = c3 = np.zeros_like(c0)
+    c0, c1, c2, c3 = np.broadcast_arrays(*(np.asarray(c, dtype=np.uint64) & m32 for c in (c0, c1, c2, c3)))
     k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
     for _ in range(rounds):
         prod_a, prod_b = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # exact: 32 x 32 bits fit in 64
@@ -163,20 +162,19 @@ def _philox_words(seed: int, counters: np.ndarray, rounds: int = 7) -> tuple[np.
 
 
 def philox_keep(seed: int, batch: int, heads: int, query_length: int, key_length: int, p: float) -> torch.Tensor:
-    """(B, H, Lq, Lk) keep-mask of the Triton kernel's dropout as relpos/backends/_triton.py documents it: Philox at
-    counter ``((b H + h) ceil(Lq / 8) + i // 8) Lk + j`` gives four words; score ``(b, h, i, j)`` reads word
-    ``i % 4``, its low 16 bits when ``i % 8 < 4`` and its high 16 bits otherwise, and is kept when they reach
-    ``round(p * 2**16)``."""
-    groups = -(-query_length // 8)
+    """(B, H, Lq, Lk) keep-mask of the Triton kernel's dropout as relpos/backends/_triton.py documents it: query
+    ``i = 16 u + 8 s + r`` and key ``j = 16 v + 8 t + c`` (``r, c < 8``) of (example, head) ``bh`` read word
+    ``2 s + t`` of Philox4x32-7 at the counter ``(8 v + c, bh, 8 u + r, 0)``, and are kept when its high 16 bits
+    reach ``round(p * 2**16)``."""
     bh = np.arange(batch * heads, dtype=np.uint64)[:, None, None]
     i = np.arange(query_length, dtype=np.uint64)[None, :, None]
     j = np.arange(key_length, dtype=np.uint64)[None, None, :]
-    counters = (bh * np.uint64(groups) + i // np.uint64(8)) * np.uint64(key_length) + j  # (B H, Lq, Lk)
-    words = np.stack(_philox_words(seed, counters))  # (4, B H, Lq, Lk)
-    row = np.broadcast_to(i, counters.shape)
-    word = np.take_along_axis(words, (row % np.uint64(4)).astype(np.int64)[None], 0)[0]
-    bits = (word >> (np.uint64(16) * (row % np.uint64(8) // np.uint64(4)))) & np.uint64(0xFFFF)
-    return torch.from_numpy(bits >= round(p * 65536)).reshape(batch, heads, query_length, key_length)
+    sixteen, eight = np.uint64(16), np.uint64(8)
+    words = np.stack(_philox_words(seed, j // sixteen * eight + j % eight, bh, i // sixteen * eight + i % eight))
+    word = (i // eight % np.uint64(2)) * np.uint64(2) + j // eight % np.uint64(2)  # (1, Lq, Lk): 2 s + t
+    chosen = np.take_along_axis(words, np.broadcast_to(word, words.shape[1:]).astype(np.int64)[None], 0)[0]
+    kept = (chosen >> sixteen) >= round(p * 65536)  # (B H, Lq, Lk)
+    return torch.from_numpy(kept).reshape(batch, heads, query_length, key_length)
 
 
 def attend(q, k, v, bias=None, *, causal=False, keep=None, mask=None, scale=None, q_offset=0, drop=None, p=0.0):

@@ -40,6 +40,9 @@ CASES = [
     ("learned absolute init_std=nan", lambda: LearnedAbsolutePositionEmbedding(8, 4, init_std=float("nan")), ValueError, "init_std"),
     ("window bias init_std=-1", lambda: relpos.RelativePositionBias(2, (3, 3), init_std=-1.0), ValueError, "init_std"),
     ("dropout_p=1", lambda: attention(Q, Q, Q, dropout_p=1.0), ValueError, "dropout_p must be in [0, 1)"),
+    ("dropout_p rounding to 1", lambda: attention(Q, Q, Q, dropout_p=0.999996), ValueError, "dropout_p must be below 1 - 2**-17"),
+    ("MHA dropout rounding to 1", lambda: MultiheadAttention(16, 4, dropout=0.999996), ValueError, "dropout must be below 1 - 2**-17"),
+    ("Shaw dropout_p rounding to 1", lambda: ShawRelativePosition(8, 2).attention(Q, Q, Q, dropout_p=0.999996), ValueError, "dropout_p must be below"),
     # sizes
     ("MHA num_kv_heads=0", lambda: MultiheadAttention(16, 4, num_kv_heads=0), ValueError, "num_kv_heads must be positive"),
     ("T5Block ff_dim=0", lambda: T5Block(16, 4, 0, relative_bias=None, causal=False), ValueError, "ff_dim must be positive"),

@@ -89,11 +89,16 @@ def test_every_bias_family_forward_and_gradients(name, causal):
 def test_bias_gradient_with_dq_tiles_taller_than_wide(name, causal, monkeypatch):
     """dq sums each tile's dS along its diagonals as the two halves of a cyclic skew (``_diagonal_sums``): with tiles
     of 32 queries x 16 keys (the GPU's d = 128 shape, 128 x 32, scaled down) every parameter's gradient equals fp64;
-    a dq tile wider than tall is refused when the tiles are made."""
+    a dq tile wider than tall is refused when the tiles are made, and so are tiles (and gathering steps) that are not
+    multiples of 16 (dropout's squares)."""
     monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", _triton._Blocks((16, 16, 1, 1), (16, 16, 1, 1), (32, 16, 1, 1)))
     check_forward_and_gradients(name, causal)
     with pytest.raises(ValueError, match=r"dq tile \(16, 32\).*at most its BM"):
         _triton._Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 32, 1, 1))
+    with pytest.raises(ValueError, match=r"dkdv tile \(8, 16\).*multiples of 16"):
+        _triton._Blocks((16, 16, 1, 1), (8, 16, 1, 1), (16, 16, 1, 1))
+    with pytest.raises(ValueError, match=r"gather_split 4.*multiples of 16, got 32 / 4"):
+        _triton._Blocks((16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1), fwd_offsets=(16, 32, 1, 1), gather_split=4)
 
 
 def check_forward_and_gradients(name, causal):
@@ -522,21 +527,26 @@ def seeded_call(seed):
 
 def test_the_philox_oracle_gives_random123s_known_answers():
     """The numpy Philox4x32 the dropout tests read masks from equals the known-answer vectors Random123 publishes
-    (Salmon et al.'s reference implementation, kat_vectors: zero counter and key) for 7 rounds, the kernel's (as
-    FlashAttention-2's), and 10."""
-    import numpy as np
+    (Salmon et al.'s reference implementation, kat_vectors: zero counter and key, and the digits of pi, which set
+    every counter and key word) for 7 rounds, the kernel's (as FlashAttention-2's), and 10."""
+    pi_counter, pi_key = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), 0xA4093822 | 0x299F31D0 << 32
+    for rounds, counter, key, expected in (
+        (7, (0, 0, 0, 0), 0, (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+        (10, (0, 0, 0, 0), 0, (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        (7, pi_counter, pi_key, (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A)),
+        (10, pi_counter, pi_key, (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ):
+        words = _philox_words(key, *counter, rounds=rounds)
+        assert tuple(int(w) for w in words) == expected, (rounds, counter)
 
-    for rounds, expected in ((7, (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
-                             (10, (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8))):
-        words = _philox_words(0, np.zeros(1, dtype=np.uint64), rounds)
-        assert tuple(int(w[0]) for w in words) == expected, rounds
 
-
-def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(monkeypatch):
+@pytest.mark.parametrize("p", [0.3, 0.7])
+def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(p, monkeypatch):
     """Uniform weights (q = 0) over one-hot values read the kept weights out of the output: exactly the Philox
     mask of each (example, head, query, key) position (tests/oracles.py, written from the paper), scaled by
-    1 / (1 - p') with p' = round(p * 2**16) / 2**16; the same with other tile sizes; about p of them dropped."""
-    batch, lq, lk, p = 2, 37, 40, 0.3
+    1 / (1 - p') with p' = round(p * 2**16) / 2**16; the same with other tile sizes; about p of them dropped.
+    (p = 0.7: the kernel's 32-bit threshold is above 2**31, its bits an int32 below zero.)"""
+    batch, lq, lk = 2, 37, 40
     q = torch.zeros(batch, H, lq, D)
     k = torch.randn(batch, H, lk, D)
     v = torch.eye(lk).expand(batch, H, lk, lk).contiguous()  # (B, H, Lk, dv = Lk): the output is the weights

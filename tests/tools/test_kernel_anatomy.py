@@ -95,6 +95,18 @@ def test_forwards_compile_for_an_h100_without_spills_or_serialized_tensor_cores(
     assert backward["dq_kernel"]["spill_bytes"] > 0 and backward["dq_kernel"]["registers"] == 255
 
 
+def test_dropout_masks_stay_in_each_threads_registers(rows):
+    """Dropout's Philox words serve the four scores {i, i + 8} x {j, j + 8} that one thread holds in a tensor-core
+    tile of either orientation (relpos.backends._triton._kept): the dropout training step's forward and dk/dv loops
+    store nothing to shared memory (drawing eight rows of a key per evaluation, each tile's mask went through it, four
+    to five exchanges with a block-wide barrier each), nor do dq's flat loops (its gathered ones store the tiles of
+    the diagonal sums)."""
+    kernels = {r["kernel"]: r["loops"] for r in rows if r["variant"] == "T5 table, training, dropout 0.1"}
+    for kernel in ("fwd_kernel", "dkdv_kernel"):
+        assert all(loop["STS"] == 0 for loop in kernels[kernel]), (kernel, [loop["STS"] for loop in kernels[kernel]])
+    assert sum(loop["STS"] == 0 for loop in kernels["dq_kernel"]) >= 2, [loop["STS"] for loop in kernels["dq_kernel"]]
+
+
 def test_forward_loops_do_one_exp2_and_at_most_one_load_per_score_at_no_terms_occupancy(rows):
     """Per tile, 128 threads: one exp2 (MUFU) per score a thread holds, and a gathering loop one load per score
     (plus the key and value copies); the forward with per-offset values, a key mask too, fits as many blocks on an

@@ -18,9 +18,14 @@ exact. Two 16-bit draws come from one 32-bit integer: cheaper than float draws o
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["ROWS", "drop_weights", "draw_seed", "draw_seed_tensor", "effective_p", "keep_rows", "keep_dense"]
+from .._checks import check_probability
+
+__all__ = ["ROWS", "check_dropout_p", "drop_weights", "draw_seed", "draw_seed_tensor", "effective_p", "keep_rows",
+           "keep_dense"]
 
 ROWS = 64  # query rows per generator
 
@@ -40,6 +45,16 @@ def draw_seed_tensor(device) -> torch.Tensor:
 def effective_p(p: float) -> float:
     """The drop probability actually used: ``p`` rounded to a multiple of 2**-16."""
     return round(p * 65536) / 65536
+
+
+def check_dropout_p(name: str, value: Any) -> float:
+    """An attention dropout probability: a real number in [0, 1) that stays below 1 once rounded to a multiple of
+    2**-16 (:func:`effective_p`; a ``p`` above ``1 - 2**-17`` would drop every weight and scale by ``1 / 0``)."""
+    value = check_probability(name, value)
+    if round(value * 65536) == 65536:
+        raise ValueError(f"{name} must be below 1 - 2**-17 = {1 - 2**-17!r}: relpos rounds it to a multiple of 2**-16 "
+                         f"and {value!r} rounds to 1, which drops every attention weight; got {value!r}")
+    return value
 
 
 def _group(seed: int, b: int, g: int, heads: int, key_length: int, p: float, device) -> torch.Tensor:

@@ -19,8 +19,9 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits; an example
   that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq;
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-7 at each score's
-  position, one evaluation for eight scores (``_kept``), so the backward kernels re-draw exactly the
-  forward's mask, whatever the tiles; the drop probability is rounded to 2**-16 and kept weights
+  position, one evaluation for the four scores of a 16 x 16 square that one thread holds in either tile
+  orientation (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the tiles, and
+  no tile passes its mask through shared memory; the drop probability is rounded to 2**-16 and kept weights
   scaled by ``1 / (1 - p')`` as in relpos's other backends.
 
 Bias gradient (``d values[h, t]`` = the sum of ``dS`` over the diagonal ``j - i = t - Lq + 1``, over
@@ -145,30 +146,22 @@ def _visible(rows, cols, lo, hi, q_offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _kept(seed, rng_base, rows, cols, Lk, threshold):
-    """Dropout's keep-mask, ``(BN, BM)`` (keys by rows), of the scores of query ``rows`` (BM,) (a block starting at
-    a multiple of 8) and keys ``cols`` (BN,) of one (example, head). One Philox4x32-7 evaluation, keyed by
-    ``seed`` at counter ``rng_base + (i // 8) * Lk + j``, gives four 32-bit words for the eight rows of group
-    ``i // 8`` and key ``j``: row ``i`` reads word ``i % 4``, its low 16 bits when ``i % 8 < 4``, else its high 16
-    bits; a score is kept when that value is at least ``threshold = round(p * 2**16)``.
-    (``rng_base = (b * H + h) * ceil(Lq / 8) * Lk``.)"""
-    groups = tl.min(tl.reshape(rows, (rows.shape[0] // 8, 8)), 1) // 8  # (BM / 8,)
-    offset = rng_base + groups[None, :].to(tl.int64) * Lk + cols[:, None]  # (BN, BM / 8)
-    w0, w1, w2, w3 = tl.randint4x(seed, offset, 7)  # 7 rounds, as FlashAttention-2's (and SDPA's flash) dropout
-    words = tl.join(tl.join(_halves(w0), _halves(w2)), tl.join(_halves(w1), _halves(w3)))  # (BN, BM/8, half, 2, 2)
-    return tl.reshape(words, (cols.shape[0], rows.shape[0])) >= threshold  # row 8 g + 4 half + word
-
-
-@triton.jit
-def _halves(word):
-    """(.., 2): the low and the high 16 bits of each 32-bit ``word``."""
-    return tl.join(word & 0xFFFF, word >> 16)
-
-
-@triton.jit
-def _dropout_base(bh, Lq, Lk):
-    """The first Philox counter of (example, head) ``bh = b * H + h``: ``bh * ceil(Lq / 8) * Lk`` (:func:`_kept`)."""
-    return bh.to(tl.int64) * ((Lq + 7) // 8) * Lk
+def _kept(seed, bh, m0, n0, threshold, BM: tl.constexpr, BN: tl.constexpr):
+    """Dropout's keep-mask, ``(BM, BN)``, of the scores of the query block ``m0 .. m0 + BM - 1`` and the key block
+    ``n0 .. n0 + BN - 1`` (both starting at multiples of 16) of (example, head) ``bh = b * H + h``. Query
+    ``i = 16 u + 8 s + r`` and key ``j = 16 v + 8 t + c`` (``r, c < 8``) read word ``2 s + t`` of the Philox4x32-7
+    evaluation keyed by ``seed`` at the counter ``(8 v + c, bh, 8 u + r, 0)``: the four scores ``{i, i + 8} x
+    {j, j + 8}`` of one evaluation lie in one thread's registers in the tensor-core layout of a tile of either
+    orientation (queries by keys in the forward and dq, keys by queries in dk/dv), so no tile exchanges its mask
+    through shared memory, and the first round multiplies a column and a row of counters, not a tile. A score is
+    kept when the word's high 16 bits reach ``round(p * 2**16)``, that is when the word reaches ``threshold``, that
+    number times 2**16 (its bits passed as an int32: :func:`_dropout_args`)."""
+    gi = m0 // 2 + tl.arange(0, BM // 2)  # (BM/2,): 8 u + r
+    gj = n0 // 2 + tl.arange(0, BN // 2)  # (BN/2,): 8 v + c
+    w0, w1, w2, w3 = tl.philox(seed, gj[None, :], bh, gi[:, None], 0, 7)  # (BM/2, BN/2); 7 rounds, as FlashAttention-2
+    words = tl.join(tl.join(w0, w1), tl.join(w2, w3))  # (BM/2, BN/2, t, s): word 2 s + t
+    words = tl.permute(tl.reshape(words, (BM // 16, 8, BN // 16, 8, 2, 2)), (0, 5, 1, 2, 4, 3))  # (u, s, r, v, t, c)
+    return tl.reshape(words, (BM, BN)) >= threshold.to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -256,7 +249,7 @@ def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FL
 @triton.jit
 def _fwd_step(
     acc, m_i, l_i, q, k_base, v_base, vals, c, slope, offs_m, offs_d, offs_dv, m0, n0, lo, hi,
-    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, kb_row,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_POS: tl.constexpr,
@@ -278,7 +271,7 @@ def _fwd_step(
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's normalizer: dropout comes after it
     if DROPOUT:  # dropped weights out; the kept ones are scaled once, at the end
-        p = tl.where(tl.trans(_kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)), p, 0.0)
+        p = tl.where(_kept(seed, drop_bh, m0, n0, drop_t, offs_m.shape[0], BN), p, 0.0)
     v = _load_block(v_base, offs_n, stride_vn, offs_dv, hi, DV, DV_PAD, MASK)  # (BN, DV)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BM, DV)
     return acc, m_new, l_i
@@ -287,7 +280,7 @@ def _fwd_step(
 @triton.jit
 def _fwd_blocks(
     acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-    stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+    stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
     FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BN: tl.constexpr,
     PRECISION: tl.constexpr, GS: tl.constexpr, PART: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr,
@@ -299,27 +292,27 @@ def _fwd_blocks(
         for n0 in range(lo, e1, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_lo, slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      seed, drop_bh, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
     if FLAT and PART != 2:  # wholly right of it (ALiBi's symmetric ramp: the slope negated)
         c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
         for n0 in range(e2, full, BN):
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, c_hi, -slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      seed, drop_bh, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
     if PART != 1 and MAIN < 3:  # per-offset values: the gathered blocks, then the masked ones
         for n0 in range(e1, e2, BN):
             for part in tl.static_range(GS):
                 acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                           m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          seed, drop_bh, drop_t, kb_row,
                                           D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
         for n0 in range(full, hi, BN):
             for part in tl.static_range(GS):
                 acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                           m0, n0 + part * (BN // GS), lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                          seed, rng_base, Lk, drop_t, kb_row,
+                                          seed, drop_bh, drop_t, kb_row,
                                           D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION, SCALE_POS)
     if MAIN >= 3:  # ALiBi: the few blocks the diagonal crosses and the masked ones in one loop, masked
         n_mid = (e2 - e1) // BN
@@ -327,7 +320,7 @@ def _fwd_blocks(
             n0 = tl.where(i < n_mid, e1 + i * BN, full + (i - n_mid) * BN)
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
                                       m0, n0, lo, hi, stride_kn, stride_vn, q_offset, qk_scale,
-                                      seed, rng_base, Lk, drop_t, kb_row,
+                                      seed, drop_bh, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN, PRECISION, SCALE_POS)
     return acc, m_i, l_i
 
@@ -367,7 +360,7 @@ def _fwd_kernel(
     slope = 0.0
     if MAIN >= 3:
         slope = tl.load(SLOPES + h) * _LOG2E
-    rng_base = _dropout_base(pid_bh, Lq, Lk)  # dropout's counters of this (example, head)
+    drop_bh = pid_bh  # dropout's (example, head) counter word
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
@@ -385,12 +378,12 @@ def _fwd_kernel(
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         acc, m_i, l_i = _fwd_blocks(
                 acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, kb_row,
                 D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BN, PRECISION, GS, PART, LOW, HIGH, SCALE_POS)
     else:
         acc, m_i, l_i = _fwd_blocks(
                 acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, kb_row,
+                stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, kb_row,
                 D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BN, PRECISION, GS, PART, LOW, HIGH, SCALE_POS)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
@@ -424,7 +417,7 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
-    stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb,
+    stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -447,7 +440,7 @@ def _dkdv_step(
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
     dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
     if DROPOUT:  # the forward's mask, transposed: dv takes the kept weights (scaled at the end)
-        keep = _kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)  # (BN, BM)
+        keep = tl.trans(_kept(seed, drop_bh, m0, n0, drop_t, BM, offs_n.shape[0]))  # (BN, BM)
         dv = tl.dot(tl.where(keep, pt, 0.0).to(do.dtype), do, dv, input_precision=PRECISION)
         dpt = tl.where(keep, dpt * drop_scale, 0.0)
     else:
@@ -460,7 +453,7 @@ def _dkdv_step(
 @triton.jit
 def _dkdv_region(
     dk, dv, m_lo, m_hi, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
-    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb,
+    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -471,7 +464,7 @@ def _dkdv_region(
         for m0 in range(m_lo, m_hi, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb,
+                                seed, drop_bh, drop_t, drop_scale, kb,
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, BM, PRECISION)
     return dk, dv
 
@@ -530,33 +523,33 @@ def _dkdv_kernel(
         do_base = DO + b * stride_db + h * stride_dh
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
-        rng_base = _dropout_base(b * H + h, Lq, Lk)
+        drop_bh = b * H + h
         kb = tl.zeros([BN], tl.float32)
         if KEYBIAS:  # this key block's per-key terms for query head h
             kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n)
         dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
-                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
-                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
+                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
                               BM, PRECISION)
         if FLAT:
             c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
             dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  rng_base, Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                  drop_bh, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
                                   DROPOUT, KEYBIAS, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
-                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
-                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
+                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS,
                               BM, PRECISION)
         if FLAT:
             c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
             dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  rng_base, Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                  drop_bh, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
                                   DROPOUT, KEYBIAS, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
-                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, rng_base,
-                              Lk, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
+                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
                               BM, PRECISION)
     kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
@@ -584,7 +577,7 @@ def _diagonal_sums(ds, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def _dq_step(
     dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, n0, m0, lo, hi, Lq, n_vals,
-    stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+    stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
@@ -603,7 +596,7 @@ def _dq_step(
         p = tl.where(_visible(offs_m[:, None], offs_n[None, :], lo, hi, q_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
     if DROPOUT:  # the gradient reaches the weights the forward kept, scaled as they were
-        dp = tl.where(tl.trans(_kept(seed, rng_base, offs_m, offs_n, Lk, drop_t)), dp * drop_scale, 0.0)
+        dp = tl.where(_kept(seed, drop_bh, m0, n0, drop_t, BM, offs_n.shape[0]), dp * drop_scale, 0.0)
     ds = p * (dp - delta[:, None])  # the score gradient, natural units
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     rows = tl.zeros([BM], tl.float32)
@@ -624,7 +617,7 @@ def _dq_step(
 @triton.jit
 def _dq_region(
     dq, n_lo, n_hi, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv, m0, lo,
-    hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+    hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, DIAGONALS: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
@@ -636,7 +629,7 @@ def _dq_region(
         for n0 in range(n_lo, n_hi, BN):
             dq, part = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, c, slope, offs_m, offs_d, offs_dv,
                                 n0, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
-                                seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+                                seed, drop_bh, drop_t, drop_scale, kb_row,
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, DIAGONALS, DETERMINISTIC, BM,
                                 BN, PRECISION)
             rows += part
@@ -646,7 +639,7 @@ def _dq_region(
 @triton.jit
 def _dq_blocks(
     q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-    n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+    n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
     FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     DETERMINISTIC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
@@ -662,20 +655,20 @@ def _dq_blocks(
         c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
         dq, lo_sum = _dq_region(dq, lo, e1, q, do, lse, delta, k_base, v_base, vals, dvals, c_lo, slope, offs_m, offs_d,
                                 offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
-                                rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                drop_bh, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
                                 DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
     dq, _ = _dq_region(dq, e1, e2, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
-                       m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk, drop_t,
+                       m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, drop_t,
                        drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS, diagonals,
                        DETERMINISTIC, BM, BN, PRECISION)
     if FLAT:
         c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
         dq, hi_sum = _dq_region(dq, e2, full, q, do, lse, delta, k_base, v_base, vals, dvals, c_hi, -slope, offs_m,
                                 offs_d, offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed,
-                                rng_base, Lk, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                drop_bh, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
                                 DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
     dq, _ = _dq_region(dq, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d,
-                       offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, rng_base, Lk,
+                       offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, 
                        drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
                        diagonals, DETERMINISTIC, BM, BN, PRECISION)
     return dq, lo_sum, hi_sum
@@ -708,7 +701,7 @@ def _dq_kernel(
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     vals = VALS + h * stride_vals + (Lq - 1)
     dvals = DVALS + h * stride_dvals + (pid_bh * tl.num_programs(0) + pid_m) * stride_slot  # own slot if deterministic
-    rng_base = _dropout_base(pid_bh, Lq, Lk)
+    drop_bh = pid_bh  # dropout's (example, head) counter word
     kb_row = KB + b * stride_kbb + h * stride_kbh
     slope = 0.0
     if MAIN >= 3:
@@ -718,12 +711,12 @@ def _dq_kernel(
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         dq, lo_sum, hi_sum = _dq_blocks(
             q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
             D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
     else:
         dq, lo_sum, hi_sum = _dq_blocks(
             q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
-            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, rng_base, Lk, drop_t, drop_scale, kb_row,
+            n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
             D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
@@ -747,6 +740,16 @@ class _Blocks:
     dkdv_dropout: tuple[int, int, int, int] | None = None  # dk/dv with dropout (its mask's registers); dkdv if None
 
     def __post_init__(self) -> None:
+        tiles = {"fwd": self.fwd, "dkdv": self.dkdv, "dq": self.dq, "fwd_offsets": self.fwd_offsets,
+                 "dkdv_dropout": self.dkdv_dropout}
+        for name, tile in tiles.items():
+            if tile is not None and (tile[0] % 16 or tile[1] % 16):
+                raise ValueError(f"{name} tile {tile[:2]}: its BM and BN must be multiples of 16 (dropout draws the "
+                                 "four scores {i, i + 8} x {j, j + 8} of 16 x 16 squares together, _kept)")
+        width = (self.fwd_offsets or self.fwd)[1]
+        if width % self.gather_split or width // self.gather_split % 16:
+            raise ValueError(f"gather_split {self.gather_split}: the forward's gathering steps of BN / gather_split keys "
+                             f"must be whole multiples of 16, got {width} / {self.gather_split}")
         if self.dq[1] > self.dq[0]:
             raise ValueError(f"dq tile {self.dq[:2]}: its BN must be at most its BM (the values' gradient sums each tile "
                              "along its diagonals as two halves of a cyclic skew, _diagonal_sums)")
@@ -802,12 +805,15 @@ class TritonSpec:
 
 
 def _dropout_args(spec: TritonSpec, seed: torch.Tensor | None) -> dict:
-    """The kernels' dropout arguments: the seed's (1,) int64 tensor, the 16-bit threshold ``round(p * 2**16)`` and
-    ``1 / (1 - p')`` with ``p'`` that threshold over 2**16 (relpos's rounding, relpos.backends._dropout.effective_p)."""
+    """The kernels' dropout arguments: the seed's (1,) int64 tensor, the threshold of :func:`_kept` (``round(p *
+    2**16) * 2**16``, a uint32 whose bits travel as an int32) and ``1 / (1 - p')`` with ``p'`` the rounded ``p``
+    (relpos's rounding, relpos.backends._dropout.effective_p)."""
     if not spec.dropout_p:
         return dict(SEED=seed, drop_t=0, drop_scale=1.0, DROPOUT=False)
-    threshold = round(spec.dropout_p * 65536)
-    return dict(SEED=seed, drop_t=threshold, drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
+    threshold = round(spec.dropout_p * 65536)  # at most 65535: dispatch refuses a p that rounds to 1
+    bits = threshold << 16
+    return dict(SEED=seed, drop_t=bits - (1 << 32) if bits >= 1 << 31 else bits,
+                drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
 
 
 def _next_pow2(n: int) -> int:

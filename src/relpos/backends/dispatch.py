@@ -29,9 +29,9 @@ from typing import Callable, Literal, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_scale, check_tensor
 from ._denormals import flushing
-from ._dropout import draw_seed, draw_seed_tensor, drop_weights
+from ._dropout import check_dropout_p, draw_seed, draw_seed_tensor, drop_weights
 from ._fused import accumulate_dtype, flash_attention, fused_attention, fused_available, tiled_sdpa
 from .._reuse import KeptResult, may_reuse, storage_key
 from ._masks import KeyRanges, branch_free, check_attn_mask, check_key_mask, fold_key_mask, key_ranges
@@ -205,7 +205,7 @@ def _prepare(query, key, value, bias, causal, attn_mask, key_mask, dropout_p, sc
     key_length = key.shape[2]
     causal = check_bool("causal", causal)
     q_offset = check_int("q_offset", q_offset, minimum=0)
-    dropout_p = check_probability("dropout_p", dropout_p)
+    dropout_p = check_dropout_p("dropout_p", dropout_p)
     scale = check_scale("scale", scale)
     attn_mask = check_attn_mask(attn_mask, (batch, heads, query_length, key_length), device=query.device)
     key_mask = check_key_mask(key_mask, batch, key_length, device=query.device)

@@ -17,8 +17,8 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_device, check_int, check_positive_float, check_probability, check_scale, check_tensor
-from ..backends._dropout import drop_weights
+from .._checks import check_bool, check_device, check_int, check_positive_float, check_scale, check_tensor
+from ..backends._dropout import check_dropout_p, drop_weights
 from ..backends._fused import accumulate_dtype
 from ..backends._masks import check_attn_mask
 from ..backends.dispatch import _dense_mask, masked_softmax
@@ -106,7 +106,7 @@ class ShawRelativePosition(nn.Module):
         term and the ``a^V`` term.
         """
         q_offset = check_int("q_offset", q_offset, minimum=0)
-        dropout_p = check_probability("dropout_p", dropout_p)
+        dropout_p = check_dropout_p("dropout_p", dropout_p)
         causal = check_bool("causal", causal)
         scale = check_scale("scale", scale)
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_probability, check_scale, check_tensor
+from .._checks import check_bias_heads, check_bool, check_choice, check_device, check_int, check_scale, check_tensor
+from ..backends._dropout import check_dropout_p
 from ..backends.dispatch import BACKENDS, Backend, BiasLike, attention, check_defines_future, resolve_bias
 from ..backends._masks import check_key_mask, fold_key_mask
 from ..core.bias import AdditiveBias
@@ -112,7 +113,7 @@ class MultiheadAttention(nn.Module):
         self.position = position
         self.causal = check_bool("causal", causal)
         self.scale = check_scale("scale", scale)
-        self.dropout = check_probability("dropout", dropout)
+        self.dropout = check_dropout_p("dropout", dropout)
         if isinstance(position, CoPE) and self.dropout:
             raise ValueError(f"dropout must be 0 with a CoPE position (its eager path has no attention dropout), got {dropout}")
         self.backend = check_choice("backend", backend, BACKENDS)
