@@ -345,8 +345,8 @@ SWEEP_FWD_OFFSETS = [((64, 32, 4, 3), 1), ((64, 64, 4, 3), 2), ((128, 64, 8, 3),
 SWEEP_DKDV = [(64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)]
 # (32 x 128 with 8 warps: 216 registers and no spill, against 255 and a few spilled bytes with 4; compiled, not timed)
 SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
-# dk/dv with dropout 0.1 (T5's training default): 32 x 128 with 8 warps holds the mask in 245 registers with no spill,
-# where 4 warps spill 560 bytes and touch them 53-133 times per loop (compiled, not timed: kernel-anatomy.md)
+# dk/dv with dropout 0.1 (T5's training default): 32 x 128 with 8 warps holds the mask in 230 registers with no spill,
+# where 4 warps spill 136 bytes and touch them 4-17 times per loop (compiled, not timed: kernel-anatomy.md)
 SWEEP_DKDV_DROPOUT = [(32, 128, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3)]
 
 
