@@ -94,11 +94,18 @@ def _scores(qk, m0, n0, vals, c, slope, qk_scale, q_offset, KIND: tl.constexpr, 
     elif KIND == 2:
         rows, cols = _tile(tl.arange(0, BM), tl.arange(0, BN), KEYS_FIRST)
         t = qk * qk_scale + tl.load(vals + (n0 - m0) + (cols - rows))
-    elif KIND % 8 == 3:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): a term per key, one per row
+    elif KIND % 8 == 3 and KEYS_FIRST:  # slope * (j - i) = slope * (j - m0 - q_offset) - slope * (i - m0): dk/dv's
+        # loop keeps its keys and moves its rows, so the row term stays and the key term follows the tile
         cols_f = _as_float(n0 - m0 - q_offset + tl.arange(0, BN), KIND >= 8)
         rows, cols = _tile(tl.arange(0, BM), slope * cols_f, KEYS_FIRST)
         t = qk * qk_scale + cols
         r = -slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
+    elif KIND % 8 == 3:  # slope * (j - n0) + [slope * (n0 - m0 - q_offset) - slope * (i - m0)]: the forward's and dq's
+        # loops keep their rows and move their keys, so the key term is the same in every tile (computed once, outside
+        # the loops) and the row term takes the tile's corner
+        rows, cols = _tile(tl.arange(0, BM), slope * _exact_float(tl.arange(0, BN)), KEYS_FIRST)
+        t = qk * qk_scale + cols
+        r = slope * (n0 - m0 - q_offset).to(tl.float32) - slope * tl.arange(0, BM).to(tl.float32)  # (BM,)
     else:
         rows, cols = _tile(m0 + q_offset + tl.arange(0, BM), n0 + tl.arange(0, BN), KEYS_FIRST)
         if KIND % 8 == 4:
