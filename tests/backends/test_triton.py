@@ -139,14 +139,25 @@ LENGTHS = {  # (Lq, Lk, causal, q_offset)
                                        if LENGTHS[c][2] or n not in CAUSAL_ONLY])
 def test_query_and_key_lengths_differ(name, case):
     """Decoding rows, cross attention and a causal offset: T5's flat ranges and ALiBi's tiles on either side of the
-    diagonal ``j = i + q_offset`` (their per-row terms) where the query rows sit at ``q_offset``."""
+    diagonal ``j = i + q_offset`` (their per-row terms) where the query rows sit at ``q_offset``; outputs and the
+    gradients of q, k, v and the bias's parameters (dk/dv and dq place those tiles by ``q_offset`` too) against fp64."""
     lq, lk, causal, q_offset = LENGTHS[case]
     bias = BIASES[name]()
     q, k, v = qkv(2, lq, lk)
-    with torch.no_grad():
-        out = run(bias, q, k, v, causal=causal, q_offset=q_offset)
-    torch.testing.assert_close(out.cpu().double(), expected(bias, q, k, v, causal=causal, q_offset=q_offset),
-                               atol=2e-5, rtol=1e-5)
+    weights = torch.randn(2, H, lq, D, generator=torch.Generator().manual_seed(3))
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want = expected(bias, *exact, causal=causal, q_offset=q_offset, grad=True)
+    (want * weights.double()).sum().backward()
+    params = [p for p in bias.parameters() if p.requires_grad]
+    want_grads = [t.grad for t in exact] + [p.grad.double() for p in params]
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal, q_offset=q_offset, backend="triton")
+    (out * weights.to(DEVICE)).sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), atol=2e-5, rtol=1e-5)
+    got = [t.grad for t in leaves] + [p.grad for p in params]
+    for a, b in zip(got, want_grads):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
 
 
 @pytest.mark.parametrize("layout", ["batch_of_one", "all_padding_example", "left", "one_real_token", "alike"])
