@@ -622,12 +622,15 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
         assert [grid[0] for grid in launches] == [2], launches  # ceil(45 / 32) key blocks: the dropout tile
 
 
-@pytest.mark.parametrize("layout", ["holes", "holes_and_an_empty_example", "alternate"])
+@pytest.mark.parametrize("layout", ["holes", "holes_and_an_empty_example", "alternate", "loud_holes"])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")  # loud_holes: their inf and NaN
 def test_key_masks_with_holes_are_applied_per_key(layout, causal):
     """A key padding mask that is no run of kept keys (holes) goes to the kernel as a per-key -inf term on every
     tile's scores (no dense (B, H, Lq, Lk) mask): outputs and the gradients of q, k, v and the table against fp64
-    autograd; a query row that sees no key gives 0 and no gradient."""
+    autograd; a query row that sees no key gives 0 and no gradient. ``loud_holes``: the hidden keys' scores are
+    thousands of times the others (dk/dv leaves hidden keys unmasked and zeroes their rows at the end: their
+    overflowing weights must not reach any other key's gradient)."""
     batch, length = 3, 37
     keep = torch.ones(batch, length, dtype=torch.bool)
     keep[0, 5:9] = False
@@ -640,6 +643,8 @@ def test_key_masks_with_holes_are_applied_per_key(layout, causal):
         keep[1, 30:33] = False
     bias = BIASES["t5"]()
     q, k, v = qkv(batch, length, length)
+    if layout == "loud_holes":
+        k = torch.where(keep[:, None, :, None], k, k * 1e4)  # (B, H, Lk, d): exp2 of their scores overflows fp32
     weights = torch.randn(batch, H, length, D, generator=torch.Generator().manual_seed(3))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     want = attend(*exact, bias_oracle(bias, length, length, grad=True), causal=causal, keep=keep)

@@ -17,7 +17,8 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   tiles they cut are masked. A padding mask of any other pattern (holes), and any key mask on a GPU
   (read there, never back on the CPU), is a per-key term, ``-inf`` on hidden keys, added to every tile's
   scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits; an example
-  that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq;
+  that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq. dk/dv
+  adds none: a hidden key's rows of dk and dv depend on nothing but its own weights, so they are zeroed once;
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-7 at each score's
   position, one evaluation for the four scores of a 16 x 16 square that one thread holds in either tile
   orientation (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the tiles, and
@@ -424,10 +425,9 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stri
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
-    stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb,
+    stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
-    PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_m = m0 + tl.arange(0, BM)
     q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
@@ -440,8 +440,6 @@ def _dkdv_step(
         delta = tl.load(delta_row + offs_m)
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
     st, r = _scores(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
-    if KEYBIAS:
-        st = st + kb[:, None]
     pt = tl.math.exp2(st - (lse - r)[None, :])  # (BN, BM)
     if MASK:
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
@@ -460,10 +458,9 @@ def _dkdv_step(
 @triton.jit
 def _dkdv_region(
     dk, dv, m_lo, m_hi, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
-    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kb,
+    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BM: tl.constexpr,
-    PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dk, dv over the query blocks ``[m_lo, m_hi)`` of one region (one tile kind), its loop behind its own branch
     (see "Regions" above)."""
@@ -471,8 +468,8 @@ def _dkdv_region(
         for m0 in range(m_lo, m_hi, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, drop_bh, drop_t, drop_scale, kb,
-                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYBIAS, BM, PRECISION)
+                                seed, drop_bh, drop_t, drop_scale,
+                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, BM, PRECISION)
     return dk, dv
 
 
@@ -531,33 +528,35 @@ def _dkdv_kernel(
         lse_row = LSE + (b * H + h) * Lq
         delta_row = DELTA + (b * H + h) * Lq
         drop_bh = b * H + h
-        kb = tl.zeros([BN], tl.float32)
-        if KEYBIAS:  # this key block's per-key terms for query head h
-            kb = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n)
         dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
                               BM, PRECISION)
         if FLAT:
             c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
             dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  drop_bh, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
-                                  DROPOUT, KEYBIAS, BM, PRECISION)
+                                  drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                  DROPOUT, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT, KEYBIAS,
+                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT,
                               BM, PRECISION)
         if FLAT:
             c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
             dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  drop_bh, drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
-                                  DROPOUT, KEYBIAS, BM, PRECISION)
+                                  drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                  DROPOUT, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, kb, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
+                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
                               BM, PRECISION)
+    if KEYBIAS:  # a key a mask hides has no gradient: its rows of dk and dv zeroed once here, not masked in every step
+        # (nothing else reads them; the key terms are one row per example, _key_mask_terms)
+        hidden = _key_terms(KB + b * stride_kbb, offs_n) == float("-inf")  # (BN,)
+        dk = tl.where(hidden[:, None], 0.0, dk)
+        dv = tl.where(hidden[:, None], 0.0, dv)
     kv_mask = offs_n[:, None] < Lk
     tl.store(DK + pid_bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_mask & (offs_d[None, :] < D))  # DK, DV_OUT: contiguous (B, Hkv, Lk, d)
