@@ -573,11 +573,14 @@ def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(p, monke
     assert abs(1 - keep.float().mean().item() - p) < 0.02  # 11,840 draws
 
 
-@pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows", "dkdv_dropout_tile"])
+@pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows", "dkdv_dropout_tile",
+                                  "left_padded", "alibi_left_padded_causal", "left_padded_mask_on_the_device"])
 def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
     """With dropout, output and the gradients of q, k, v and the table equal fp64 autograd of the formula with
     the kernel's mask (tests/oracles.py philox_keep): the backward re-draws the forward's mask in both kernels;
-    also with dk/dv on its own dropout tile (``_Blocks.dkdv_dropout``, 32 keys a block here against 16)."""
+    also with dk/dv on its own dropout tile (``_Blocks.dkdv_dropout``, 32 keys a block here against 16), and with
+    left padding, where the forward's and dq's key blocks start at an example's first kept key (5 and 21 here: no
+    multiple of 16, while dropout draws 16 x 16 squares), its mask read as key ranges or on the device (per key)."""
     launches = []
     if case == "dkdv_dropout_tile":
         monkeypatch.setattr(_triton, "INTERPRETER_BLOCKS", dataclasses.replace(_triton.INTERPRETER_BLOCKS,
@@ -591,10 +594,20 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
         "dkdv_dropout_tile": (BIASES["t5"](), 2, 45, 45, H, True, 0),
         "alibi_grouped": (BIASES["alibi"](), 2, 33, 33, 2, True, 0),
         "cross_rows": (BIASES["clipped"](), 1, 20, 50, H, False, 0),
+        "left_padded": (BIASES["t5"](), 2, 45, 45, H, False, 0),
+        "left_padded_mask_on_the_device": (BIASES["t5"](), 2, 45, 45, H, True, 0),
+        "alibi_left_padded_causal": (BIASES["alibi"](), 2, 45, 45, 2, True, 0),
     }[case]
     q, k, v = qkv(batch, lq, lk, kv_heads=kv_heads)
     keep = torch.ones(batch, lk, dtype=torch.bool)
     keep[-1, 31:] = False  # the last example padded
+    if "left_padded" in case:
+        keep[0, :5] = False
+        keep[-1, :21] = False
+    if case == "left_padded_mask_on_the_device":
+        from relpos.backends import dispatch
+
+        monkeypatch.setattr(dispatch, "_DEVICE_KEY_MASKS", ("cuda", DEVICE))
     p = 0.25
     drop = philox_keep(seeded_call(5), batch, H, lq, lk, p)
     weights = torch.randn(batch, H, lq, D, generator=torch.Generator().manual_seed(1))

@@ -163,7 +163,9 @@ def _kept(seed, bh, m0, n0, threshold, BM: tl.constexpr, BN: tl.constexpr):
     orientation (queries by keys in the forward and dq, keys by queries in dk/dv), so no tile exchanges its mask
     through shared memory, and the first round multiplies a column and a row of counters, not a tile. A score is
     kept when the word's high 16 bits reach ``round(p * 2**16)``, that is when the word reaches ``threshold``, that
-    number times 2**16 (its bits passed as an int32: :func:`_dropout_args`)."""
+    number times 2**16 (its bits passed as an int32: :func:`_dropout_args`). Query blocks start at multiples of
+    16; so do key blocks, which in the forward and dq otherwise start at an example's first kept key: with dropout
+    they start at the next multiple of 16, and the keys before it run last, in one masked step."""
     gi = m0 // 2 + tl.arange(0, BM // 2)  # (BM/2,): 8 u + r
     gj = n0 // 2 + tl.arange(0, BN // 2)  # (BN/2,): 8 v + c
     w0, w1, w2, w3 = tl.philox(seed, gj[None, :], bh, gi[:, None], 0, 7)  # (BM/2, BN/2); 7 rounds, as FlashAttention-2
@@ -371,7 +373,6 @@ def _fwd_kernel(
     drop_bh = pid_bh  # dropout's (example, head) counter word
     kb_row = KB + b * stride_kbb + h * stride_kbh  # this (example, head)'s per-key terms
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
-    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :]  # (BM, DV)
     o_mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < DV)
     if PART == 2:  # part 1's rows as the softmax state: out = acc / l with l = 1 at m = lse
@@ -383,6 +384,10 @@ def _fwd_kernel(
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV_PAD], tl.float32)
+    first = lo  # an example's first kept key
+    if DROPOUT and RANGES:  # dropout draws 16 x 16 squares (_kept): blocks start at a multiple of 16; the keys before
+        lo = tl.minimum((first + 15) // 16 * 16, hi)  # the first such start run last, in one masked step
+    hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         acc, m_i, l_i = _fwd_blocks(
                 acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
@@ -393,6 +398,13 @@ def _fwd_kernel(
                 acc, m_i, l_i, q, k_base, v_base, vals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
                 stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, kb_row,
                 D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BN, PRECISION, GS, PART, LOW, HIGH, SCALE_POS)
+    if DROPOUT and RANGES:
+        if first < lo:
+            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
+                                      m0, (first // 16) * 16, first, lo, stride_kn, stride_vn, q_offset, qk_scale,
+                                      seed, drop_bh, drop_t, kb_row,
+                                      D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION,
+                                      SCALE_POS)
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that see no key: 0
     if DROPOUT:
@@ -644,7 +656,7 @@ def _dq_region(
 
 @triton.jit
 def _dq_blocks(
-    q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+    dq, q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
     n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, MAIN: tl.constexpr,
     FLAT: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, KEYBIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
@@ -652,8 +664,7 @@ def _dq_blocks(
     LOW: tl.constexpr, HIGH: tl.constexpr,
 ):
     """``(dq, the low and the high flat ranges' dS sums)`` of one query block over every key block
-    (``_dq_kernel``'s regions)."""
-    dq = tl.zeros([BM, D_PAD], tl.float32)
+    (``_dq_kernel``'s regions), added to ``dq``."""
     diagonals = BIAS_GRAD and MAIN == 2
     lo_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
     hi_sum = tl.sum(tl.zeros([BM], tl.float32), 0)
@@ -674,7 +685,7 @@ def _dq_blocks(
                                 drop_bh, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
                                 DROPOUT, KEYBIAS, False, DETERMINISTIC, BM, BN, PRECISION)
     dq, _ = _dq_region(dq, full, hi, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d,
-                       offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh, 
+                       offs_dv, m0, lo, hi, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale, seed, drop_bh,
                        drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS,
                        diagonals, DETERMINISTIC, BM, BN, PRECISION)
     return dq, lo_sum, hi_sum
@@ -713,17 +724,27 @@ def _dq_kernel(
     if MAIN >= 3:
         slope = tl.load(SLOPES + h) * _LOG2E
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
+    dq = tl.zeros([BM, D_PAD], tl.float32)
+    first = lo  # an example's first kept key
+    if DROPOUT and RANGES:  # dropout draws 16 x 16 squares (_kept): blocks start at a multiple of 16; the keys before
+        lo = tl.minimum((first + 15) // 16 * 16, hi)  # the first such start run last, in one masked step
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         dq, lo_sum, hi_sum = _dq_blocks(
-            q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+            dq, q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
             n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
             D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, False, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
     else:
         dq, lo_sum, hi_sum = _dq_blocks(
-            q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
+            dq, q, do, lse, delta, k_base, v_base, vals, dvals, slope, offs_m, offs_d, offs_dv, m0, lo, hi, e1, e2, full, Lq,
             n_vals, stride_kn, stride_vn, q_offset, qk_scale, t_lo, t_hi, seed, drop_bh, drop_t, drop_scale, kb_row,
             D, DV, D_PAD, DV_PAD, MAIN, FLAT, CAUSAL, DROPOUT, KEYBIAS, BIAS_GRAD, DETERMINISTIC, BM, BN, PRECISION, LOW, HIGH)
+    if DROPOUT and RANGES:
+        if first < lo:
+            dq, _ = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
+                             (first // 16) * 16, m0, first, lo, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                             seed, drop_bh, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True,
+                             DROPOUT, KEYBIAS, BIAS_GRAD and MAIN == 2, DETERMINISTIC, BM, BN, PRECISION)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
              (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < D))
     if BIAS_GRAD and LOW == 1:  # the flat tiles' whole gradient lands on the range's one entry
