@@ -70,6 +70,7 @@ EXACT_POSITIONS = (1 << 22) - 256  # positions (keys; query rows plus q_offset) 
 KEY_PAD = 128  # -inf past a key mask's last key: a tile (<= 128 keys) loads its per-key terms unchecked; the last
 # of them (no tile reads it) says whether the example hides a key between its first and last kept one (1.0) or not (0.0)
 KEY_PAD_ = tl.constexpr(KEY_PAD)
+_NO_ROW = tl.constexpr(0x7F800000)  # a row past Lq in _row_stats: lse = inf (its weights 0), delta = 0
 PAD = 256  # zeros on both sides of the per-offset values: a tile's gather needs no bounds mask (tiles <= 128)
 
 
@@ -423,20 +424,35 @@ def _fwd_kernel(
 # and end of the pipeline stage"); behind a branch each loop ends in its own wait. Read with tools/kernel_anatomy.py
 # (docs/benchmarks/gpu/kernel-anatomy.md).
 @triton.jit
-def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm, H, Lq,
+def _delta_kernel(O, DO, LSE, STATS, stride_ob, stride_oh, stride_om, stride_db, stride_dh, stride_dm, H, Lq,
                   DV: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr):
+    """Each row's ``delta = rowsum(dO * O)``, written beside its log-sum-exp: ``STATS`` (B, H, Lq, 2) fp32 holds
+    ``(lse, delta)`` per row, which the backward kernels read as one 64-bit word (:func:`_row_stats`)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_dv = tl.arange(0, DV_PAD)
     o = _load_block(O + b * stride_ob + h * stride_oh, offs_m, stride_om, offs_dv, Lq, DV, DV_PAD, True)
     do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
-    tl.store(DELTA + pid_bh * Lq + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < Lq)
+    rows = pid_bh * Lq + offs_m
+    tl.store(STATS + 2 * rows, tl.load(LSE + rows, mask=offs_m < Lq), mask=offs_m < Lq)
+    tl.store(STATS + 2 * rows + 1, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < Lq)
+
+
+@triton.jit
+def _row_stats(pair):
+    """``(lse, delta)``, (BM,) fp32 each, from each row's 64-bit word of ``STATS`` (:func:`_delta_kernel`): lse's bits
+    low, delta's high. One 64-bit load a row instead of two 32-bit ones: Triton 3.6 pipelines each of these small
+    loads into shared memory as a tree of branches and 4-byte copies (dk/dv reads them every step: its flat tile
+    451 -> 390-400 instructions, docs/benchmarks/gpu/kernel-anatomy.md)."""
+    lse = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    delta = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lse, delta
 
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
+    dk, dv, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
     stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
@@ -445,11 +461,10 @@ def _dkdv_step(
     q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
     do = _load_block(do_base, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, MASK)  # (BM, DV)
     if MASK:
-        lse = tl.load(lse_row + offs_m, mask=offs_m < Lq, other=float("inf"))  # (BM,)
-        delta = tl.load(delta_row + offs_m, mask=offs_m < Lq, other=0.0)
+        pair = tl.load(stats_row + offs_m, mask=offs_m < Lq, other=_NO_ROW)  # (BM,) int64
     else:
-        lse = tl.load(lse_row + offs_m)
-        delta = tl.load(delta_row + offs_m)
+        pair = tl.load(stats_row + offs_m)
+    lse, delta = _row_stats(pair)  # (BM,) fp32 each
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
     st, r = _scores(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
     pt = tl.math.exp2(st - (lse - r)[None, :])  # (BN, BM)
@@ -469,7 +484,7 @@ def _dkdv_step(
 
 @triton.jit
 def _dkdv_region(
-    dk, dv, m_lo, m_hi, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
+    dk, dv, m_lo, m_hi, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
     Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
     CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
@@ -478,7 +493,7 @@ def _dkdv_region(
     (see "Regions" above)."""
     if m_lo < m_hi:
         for m0 in range(m_lo, m_hi, BM):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_row, delta_row, vals, c, slope, offs_n, offs_d,
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
                                 seed, drop_bh, drop_t, drop_scale,
                                 D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, BM, PRECISION)
@@ -487,7 +502,7 @@ def _dkdv_region(
 
 @triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "t_lo", "t_hi", "drop_t"])
 def _dkdv_kernel(
-    Q, K, V, DO, DK, DV_OUT, LSE, DELTA, VALS, SLOPES, STARTS, ENDS,
+    Q, K, V, DO, DK, DV_OUT, STATS, VALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, KB, stride_kbb, stride_kbh,
     H, HKV, GROUP, Lq, Lk, q_offset, qk_scale, scale, t_lo, t_hi, SEED, drop_t, drop_scale,
@@ -537,30 +552,29 @@ def _dkdv_kernel(
         vals = VALS + h * stride_vals + (Lq - 1)
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_db + h * stride_dh
-        lse_row = LSE + (b * H + h) * Lq
-        delta_row = DELTA + (b * H + h) * Lq
+        stats_row = STATS + (b * H + h) * Lq  # each row's (lse, delta), one int64
         drop_bh = b * H + h
-        dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+        dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
                               drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
                               BM, PRECISION)
         if FLAT:
             c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
-            dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, lse_row, delta_row, vals, c_hi, -slope, offs_n,
+            dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, stats_row, vals, c_hi, -slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
                                   drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
                                   DROPOUT, BM, PRECISION)
-        dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+        dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
                               drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT,
                               BM, PRECISION)
         if FLAT:
             c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
-            dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, lse_row, delta_row, vals, c_lo, slope, offs_n,
+            dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, stats_row, vals, c_lo, slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
                                   drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
                                   DROPOUT, BM, PRECISION)
-        dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, lse_row, delta_row, vals, 0.0, slope, offs_n,
+        dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
                               drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
                               BM, PRECISION)
@@ -693,7 +707,7 @@ def _dq_blocks(
 
 @triton.jit(do_not_specialize=["Lq", "Lk", "q_offset", "n_vals", "t_lo", "t_hi", "drop_t"])
 def _dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, VALS, DVALS, SLOPES, STARTS, ENDS,
+    Q, K, V, DO, DQ, STATS, VALS, DVALS, SLOPES, STARTS, ENDS,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm, stride_vals, stride_dvals, stride_slot, KB, stride_kbb, stride_kbh,
     H, GROUP, Lq, Lk, q_offset, qk_scale, scale, n_vals, t_lo, t_hi, SEED, drop_t, drop_scale,
@@ -712,8 +726,7 @@ def _dq_kernel(
     offs_d, offs_dv = tl.arange(0, D_PAD), tl.arange(0, DV_PAD)
     q = _load_block(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, offs_d, Lq, D, D_PAD, True)  # (BM, D)
     do = _load_block(DO + b * stride_db + h * stride_dh, offs_m, stride_dm, offs_dv, Lq, DV, DV_PAD, True)
-    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+    lse, delta = _row_stats(tl.load(STATS + pid_bh * Lq + offs_m, mask=offs_m < Lq, other=_NO_ROW))  # (BM,) each
     k_base = K + b * stride_kb + (h // GROUP) * stride_kh
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
     vals = VALS + h * stride_vals + (Lq - 1)
@@ -971,16 +984,17 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     t_lo, t_hi = _region_bounds(spec, query_length, n_vals)
     vals, keys = padded[:, PAD:], _key_args(key_terms, q.device)
 
-    delta = torch.empty_like(lse)  # (B, H, Lq)
+    stats = torch.empty(batch, heads, query_length, 2, device=q.device, dtype=torch.float32)  # (B, H, Lq, 2)
     _delta_kernel[(_cdiv(query_length, 64), batch * heads)](
-        out, grad_out, delta, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
+        out, grad_out, lse, stats, *out.stride()[:3], *grad_out.stride()[:3], heads, query_length,
         DV=dim_v, DV_PAD=_pow2(dim_v), BM=64,
     )
+    stats = stats.view(torch.int64)  # (B, H, Lq, 1): each row's (lse, delta) as one word (_row_stats)
     bm, bn, warps, stages = blocks.keys(bool(spec.dropout_p))
     dk = torch.empty(batch, kv_heads, key_length, dim, device=k.device, dtype=k.dtype)
     dv = torch.empty(batch, kv_heads, key_length, dim_v, device=v.device, dtype=v.dtype)
     _dkdv_kernel[(_cdiv(key_length, bn), batch * kv_heads)](
-        q, k, v, grad_out, dk, dv, lse, delta, vals, slopes, starts, ends,
+        q, k, v, grad_out, dk, dv, stats, vals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded), *keys,
         heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
         spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
@@ -991,7 +1005,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
     dvals = torch.zeros(slots, padded.shape[0], n_vals, device=q.device, dtype=torch.float32)  # (slots, Hb, n)
     dq = torch.empty(batch, heads, query_length, dim, device=q.device, dtype=q.dtype)  # contiguous, whatever q's layout
     _dq_kernel[(_cdiv(query_length, bm), batch * heads)](
-        q, k, v, grad_out, dq, lse, delta, vals, dvals, slopes, starts, ends,
+        q, k, v, grad_out, dq, stats, vals, dvals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded),
         dvals.stride(1) if padded.shape[0] > 1 else 0, dvals.stride(0) if slots > 1 else 0, *keys,
         heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E, spec.scale,
