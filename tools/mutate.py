@@ -239,6 +239,7 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-dkdv-hidden-dv-kept", "backends/_triton.py", "        dv = tl.where(hidden[:, None], 0.0, dv)\n", "", "Triton dk/dv, a key mask with holes: the hidden keys' dv rows kept (their weights, unmasked in the loop, reach dv)", "triton"),
     Mutant("triton-dropout-forward-first-keys-skipped", "backends/_triton.py", "            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,\n                                      m0, (first // 16) * 16,", "            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,\n                                      m0, (first // 16) * 16 + 16,", "Triton forward with dropout: a left-padded example's keys before its first multiple of 16 not attended (the last step visits the next 16)", "triton"),
     Mutant("triton-dropout-dq-first-keys-skipped", "backends/_triton.py", "                             (first // 16) * 16, m0, first, lo, Lq,", "                             (first // 16) * 16, m0, lo, lo, Lq,", "Triton dq with dropout: a left-padded example's keys before its first multiple of 16 get no dq (their step sees no key)", "triton"),
+    Mutant("triton-row-stats-delta-is-lse", "backends/_triton.py", "    delta = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)", "    delta = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)", "Triton backward: each row's delta read from the low half of its (lse, delta) word, which holds lse", "triton"),
 ]
 
 
