@@ -51,7 +51,7 @@ def check_dropout_p(name: str, value: Any) -> float:
     """An attention dropout probability: a real number in [0, 1) that stays below 1 once rounded to a multiple of
     2**-16 (:func:`effective_p`; a ``p`` above ``1 - 2**-17`` would drop every weight and scale by ``1 / 0``)."""
     value = check_probability(name, value)
-    if round(value * 65536) == 65536:
+    if effective_p(value) == 1.0:
         raise ValueError(f"{name} must be below 1 - 2**-17 = {1 - 2**-17!r}: relpos rounds it to a multiple of 2**-16 "
                          f"and {value!r} rounds to 1, which drops every attention weight; got {value!r}")
     return value

@@ -236,6 +236,18 @@ def _flat_value(vals, offset, KIND: tl.constexpr):
 
 
 @triton.jit
+def _square_start(lo, hi, ALIGN: tl.constexpr):
+    """``(first, start)``: an example's first kept key and where the forward's and dq's key blocks start. They start
+    at ``first``, except with dropout and key ranges (``ALIGN``): dropout draws 16 x 16 squares (:func:`_kept`), so
+    they start at the next multiple of 16 and the caller runs the keys ``[first, start)`` last, in one masked step
+    of the block at ``first // 16 * 16``."""
+    first = lo
+    if ALIGN:
+        lo = tl.minimum((first + 15) // 16 * 16, hi)
+    return first, lo
+
+
+@triton.jit
 def _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL: tl.constexpr, FLAT: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr):
     """Key blocks of query block m0: [lo, e1) flat low, [e1, e2) gathered, [e2, full) flat high, all
@@ -385,9 +397,7 @@ def _fwd_kernel(
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DV_PAD], tl.float32)
-    first = lo  # an example's first kept key
-    if DROPOUT and RANGES:  # dropout draws 16 x 16 squares (_kept): blocks start at a multiple of 16; the keys before
-        lo = tl.minimum((first + 15) // 16 * 16, hi)  # the first such start run last, in one masked step
+    first, lo = _square_start(lo, hi, DROPOUT and RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         acc, m_i, l_i = _fwd_blocks(
@@ -402,7 +412,7 @@ def _fwd_kernel(
     if DROPOUT and RANGES:
         if first < lo:
             acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,
-                                      m0, (first // 16) * 16, first, lo, stride_kn, stride_vn, q_offset, qk_scale,
+                                      m0, first // 16 * 16, first, lo, stride_kn, stride_vn, q_offset, qk_scale,
                                       seed, drop_bh, drop_t, kb_row,
                                       D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT, KEYBIAS, BN // GS, PRECISION,
                                       SCALE_POS)
@@ -444,7 +454,7 @@ def _row_stats(pair):
     """``(lse, delta)``, (BM,) fp32 each, from each row's 64-bit word of ``STATS`` (:func:`_delta_kernel`): lse's bits
     low, delta's high. One 64-bit load a row instead of two 32-bit ones: Triton 3.6 pipelines each of these small
     loads into shared memory as a tree of branches and 4-byte copies (dk/dv reads them every step: its flat tile
-    451 -> 390-400 instructions, docs/benchmarks/gpu/kernel-anatomy.md)."""
+    451 -> 389-396 instructions, docs/benchmarks/gpu/kernel-anatomy.md)."""
     lse = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     delta = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     return lse, delta
@@ -738,9 +748,7 @@ def _dq_kernel(
         slope = tl.load(SLOPES + h) * _LOG2E
     lo, hi = _key_range(STARTS, ENDS, b, Lk, RANGES)
     dq = tl.zeros([BM, D_PAD], tl.float32)
-    first = lo  # an example's first kept key
-    if DROPOUT and RANGES:  # dropout draws 16 x 16 squares (_kept): blocks start at a multiple of 16; the keys before
-        lo = tl.minimum((first + 15) // 16 * 16, hi)  # the first such start run last, in one masked step
+    first, lo = _square_start(lo, hi, DROPOUT and RANGES)
     hi, e1, e2, full = _row_segments(lo, hi, m0, Lq, q_offset, t_lo, t_hi, CAUSAL, FLAT, BM, BN)
     if _no_holes(kb_row, Lk, KEYBIAS):  # a key mask hiding no key inside [lo, hi): no per-key terms
         dq, lo_sum, hi_sum = _dq_blocks(
@@ -755,7 +763,7 @@ def _dq_kernel(
     if DROPOUT and RANGES:
         if first < lo:
             dq, _ = _dq_step(dq, q, do, lse, delta, k_base, v_base, vals, dvals, 0.0, slope, offs_m, offs_d, offs_dv,
-                             (first // 16) * 16, m0, first, lo, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
+                             first // 16 * 16, m0, first, lo, Lq, n_vals, stride_kn, stride_vn, q_offset, qk_scale,
                              seed, drop_bh, drop_t, drop_scale, kb_row, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True,
                              DROPOUT, KEYBIAS, BIAS_GRAD and MAIN == 2, DETERMINISTIC, BM, BN, PRECISION)
     tl.store(DQ + pid_bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],  # DQ: contiguous (B, H, Lq, d)
@@ -850,7 +858,7 @@ def _dropout_args(spec: TritonSpec, seed: torch.Tensor | None) -> dict:
     (relpos's rounding, relpos.backends._dropout.effective_p)."""
     if not spec.dropout_p:
         return dict(SEED=seed, drop_t=0, drop_scale=1.0, DROPOUT=False)
-    threshold = round(spec.dropout_p * 65536)  # at most 65535: dispatch refuses a p that rounds to 1
+    threshold = round(spec.dropout_p * 65536)  # at most 65535: dispatch refuses a p that rounds to 1 (check_dropout_p)
     bits = threshold << 16
     return dict(SEED=seed, drop_t=bits - (1 << 32) if bits >= 1 << 31 else bits,
                 drop_scale=1.0 / (1.0 - threshold / 65536), DROPOUT=True)
