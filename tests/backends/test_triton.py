@@ -574,7 +574,8 @@ def test_dropout_keeps_the_philox_mask_of_each_score_whatever_the_tiles(p, monke
 
 
 @pytest.mark.parametrize("case", ["t5_causal_padded", "alibi_grouped", "cross_rows", "dkdv_dropout_tile",
-                                  "left_padded", "alibi_left_padded_causal", "left_padded_mask_on_the_device"])
+                                  "left_padded", "alibi_left_padded_causal", "left_padded_mask_on_the_device",
+                                  "batch_of_one_47", "batch_of_one_49", "an_all_padding_example"])
 def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
     """With dropout, output and the gradients of q, k, v and the table equal fp64 autograd of the formula with
     the kernel's mask (tests/oracles.py philox_keep): the backward re-draws the forward's mask in both kernels;
@@ -596,6 +597,9 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
         "cross_rows": (BIASES["clipped"](), 1, 20, 50, H, False, 0),
         "left_padded": (BIASES["t5"](), 2, 45, 45, H, False, 0),
         "left_padded_mask_on_the_device": (BIASES["t5"](), 2, 45, 45, H, True, 0),
+        "batch_of_one_47": (BIASES["t5"](), 1, 47, 47, H, True, 0),
+        "batch_of_one_49": (BIASES["t5"](), 1, 49, 49, H, False, 0),
+        "an_all_padding_example": (BIASES["t5"](), 2, 33, 33, H, False, 0),
         "alibi_left_padded_causal": (BIASES["alibi"](), 2, 45, 45, 2, True, 0),
     }[case]
     q, k, v = qkv(batch, lq, lk, kv_heads=kv_heads)
@@ -604,6 +608,8 @@ def test_dropout_forward_and_gradients_equal_the_oracle(case, monkeypatch):
     if "left_padded" in case:
         keep[0, :5] = False
         keep[-1, :21] = False
+    if case == "an_all_padding_example":
+        keep[0] = False
     if case == "left_padded_mask_on_the_device":
         from relpos.backends import dispatch
 
