@@ -14,7 +14,6 @@ sequence in one process (rank 0) and prints how far the sharded loss and every g
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 import torch.distributed as dist
@@ -96,8 +95,6 @@ def main(argv=None) -> int:
     handle.undo()
     if reference is not None:
         print(f"largest difference from one process (loss and every gradient): {worst:.3g}", flush=True)
-    dist.barrier()  # tear down together: a rank that leaves while rank 0 still checks can abort in gloo's threads
-    dist.destroy_process_group()
     return 0
 
 
@@ -113,4 +110,4 @@ def compare(reference, model, tokens, keep, targets, count: int, total: torch.Te
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rd.exit_process(main())  # a barrier, the group destroyed, then no interpreter teardown (gloo can abort it)

@@ -1,6 +1,6 @@
 """The house: every import inside relpos runs down the layers, never back up.
 
-    base        _checks, _io, _progress, _cli, _plotting, _measure, _reuse    (helpers every wing shares)
+    base        _checks, _io, _progress, _cli, _plotting, _measure, _reuse, _process    (helpers every wing shares)
     core        relative offsets and the bias interface
     backends    relpos.attention and its kernels
     encodings   one module per encoding (attention-level ones, Shaw and CoPE, call the backends)
@@ -19,7 +19,7 @@ import ast
 import pathlib
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "relpos"
-BASE = {"_checks", "_io", "_progress", "_cli", "_plotting", "_measure", "_reuse", "__init__"}
+BASE = {"_checks", "_io", "_progress", "_cli", "_plotting", "_measure", "_reuse", "_process", "__init__"}
 #: the wings each wing may import from (besides itself and the base)
 ALLOWED = {
     "base": set(),

@@ -15,7 +15,7 @@ from relpos.experiment import cli
 from relpos.experiment import runner as ex
 from relpos.experiment.data import eval_windows, load_corpus, sample_batch, stdlib_corpus
 from relpos.experiment.model import LMConfig, TransformerLM
-from relpos.experiment.parallel import close_process_group
+from relpos._process import exit_process
 from relpos.experiment.problems import TextProblem
 from relpos.experiment.variants import MODELS, ROPE_SCALING_ROWS, models
 
@@ -192,8 +192,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     table = model.position.relative_attention_bias.weight
     torch.save({"loss": losses[0], "weight": table.detach().clone(), "grad": table.grad.clone()}, f"{out}/rank{rank}.pt")
     del ddp  # its reducer holds the process group: gone before the group is
-    close_process_group()  # a barrier first: a rank that tears gloo down while the other still talks aborts it
-    os._exit(0)  # no interpreter teardown: with gloo's threads in it, a CI run still lost rank 1 to SIGABRT there
+    exit_process(0)  # a barrier, the group destroyed, no interpreter teardown (a gloo thread can abort it)
 
 
 def test_ddp_two_processes_keep_the_shared_table_identical(tmp_path, free_port):

@@ -342,9 +342,8 @@ gathered = [torch.empty_like(table) for _ in range(world)]
 dist.all_gather(gathered, table)
 same = all(torch.equal(gathered[0], g) for g in gathered)
 sys.stdout.write(f"<world {{world}} tables identical {{same}}>\\n")  # one write: the two ranks share the pipe
-sys.stdout.flush()
-dist.barrier()
-dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter teardown otherwise
+import relpos.distributed as rd
+rd.exit_process(0)  # a barrier, the group destroyed, no interpreter teardown: a gloo thread can abort it
 """
 
 

@@ -11,11 +11,14 @@ import pathlib
 import sys
 from typing import Callable
 
+import torch.distributed as dist
+
 from .._cli import HelpFormatter
 from .._io import json_safe, write_text
+from .._process import close_process_group, exit_process
 from ..encodings.buckets import STRATEGIES
 from . import runner
-from .parallel import PARALLEL, close_process_group
+from .parallel import PARALLEL
 from .report import markdown_report, ranking, ranking_markdown
 from .tasks import TASKS
 from .variants import ALL_MODELS, MODELS, ROPE_SCALING_ROWS
@@ -260,13 +263,15 @@ def _interrupted(out: str) -> int:
 
 
 def _closing(run: Callable[[], int]) -> int:
-    """``run()``, then the process group ended (:func:`relpos.experiment.parallel.close_process_group`)."""
+    """``run()``, then the process group ended; under torchrun the process then exits at once with the code
+    (:func:`relpos._process.exit_process`: a gloo thread can abort the interpreter's teardown)."""
     try:
         code = run()
     except BaseException:
         close_process_group(clean=False)
         raise
-    close_process_group()
+    if dist.is_initialized():
+        exit_process(code)
     return code
 
 

@@ -26,7 +26,7 @@ from typing import Hashable, Literal
 
 import torch.distributed as dist
 
-__all__ = ["PARALLEL", "Parallel", "Share", "dist_context", "assign", "close_process_group"]
+__all__ = ["PARALLEL", "Parallel", "Share", "dist_context", "assign"]
 
 Parallel = Literal["runs", "batch"]
 PARALLEL: tuple[str, ...] = ("runs", "batch")
@@ -41,17 +41,6 @@ def dist_context() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def close_process_group(clean: bool = True) -> None:
-    """End the process group of torchrun's processes, if any: after a barrier on a clean finish, so that no
-    process tears gloo down while another still talks to it (a process that exits with gloo's threads alive
-    aborts: a CI run of ``torchrun ... -m relpos.experiment`` lost rank 1 to SIGABRT at exit)."""
-    if not dist.is_initialized():
-        return
-    if clean:
-        dist.barrier()
-    dist.destroy_process_group()
 
 
 def assign(costs: dict[Hashable, float], world: int) -> list[list[Hashable]]:
