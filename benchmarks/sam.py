@@ -4,6 +4,7 @@
     python benchmarks/sam.py --mode train --rounds 3
     python benchmarks/sam.py --mode window --rounds 5     # one windowed layer: 25 windows of 14 x 14
     python benchmarks/sam.py --mode encoder --rounds 2
+    python benchmarks/sam.py --mode encoder --rounds 5 --device cuda --dtype bfloat16 --json OUT/sam.json --markdown OUT/sam.md
 
 ``--json docs/benchmarks/vision/sam.json --markdown docs/benchmarks/vision/sam.md`` keeps each mode's run in the
 JSON (the other modes' runs stay) and writes its table into the page's region generated for that mode.
@@ -11,12 +12,13 @@ JSON (the other modes' runs stay) and writes its table into the page's region ge
 Variants, interleaved round by round (this kind of shared VM has slow phases lasting seconds):
 * ``hf_sdpa`` / ``hf_eager``: transformers' ``SamVisionSdpaAttention`` / ``SamVisionAttention``;
 * ``relpos_tiles`` / ``relpos_fold``: the same layer accelerated (``relpos.hf.accelerate``'s forward),
-  with ``impl="tiles"`` (the CPU default) or ``impl="fold"``;
+  with ``impl="tiles"`` (the CPU default; CPU only) or ``impl="fold"`` (``auto`` on CUDA);
 * ``no_bias_floor``: the same layer with ``use_rel_pos=False`` (SDPA with no bias): the floor.
 
 Layer: 64 x 64 tokens, 12 heads, head dim 64, B = 1, random weights and std-1 tables. ``train`` is
 forward + backward of the layer (gradients into its input, weights and both tables). Time: median
-of the rounds; memory: peak extra resident memory of one call (``relpos._measure.measure``).
+of the rounds; memory: peak extra memory of one call (resident on the CPU, allocated on CUDA:
+``relpos._measure.measure``). ``--device`` and ``--dtype`` move every variant's weights and inputs.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ import torch
 
 import relpos.encodings.decomposed as decomposed
 from relpos._io import write_report
-from relpos._measure import measure
+from relpos._measure import add_device_arguments, device_arguments, is_cuda, measure
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms
 
 
-def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0):
+def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0, **factory):
     from transformers import SamVisionConfig
     from transformers.models.sam import modeling_sam
 
@@ -49,7 +51,7 @@ def _layer(attn: str, use_rel_pos: bool = True, window_size: int = 0):
         with torch.no_grad():
             layer.rel_pos_h.normal_()
             layer.rel_pos_w.normal_()
-    return layer
+    return layer.to(**factory)
 
 
 def _relpos_layer(layer, impl: str):
@@ -67,18 +69,17 @@ def _relpos_layer(layer, impl: str):
     return run
 
 
-def _layer_variants(mode: str) -> dict:
+def _layer_variants(mode: str, **factory) -> dict:
     window = 14 if mode == "window" else 0  # SAM's windowed layers: 25 windows of 14 x 14 (64 padded to 70)
-    sdpa, eager, floor = _layer("sdpa", window_size=window), _layer("eager", window_size=window), _layer("sdpa", False, window)
+    sdpa, eager = _layer("sdpa", window_size=window, **factory), _layer("eager", window_size=window, **factory)
+    floor = _layer("sdpa", False, window, **factory)
     eager.load_state_dict(sdpa.state_dict())
     hidden = torch.randn(25, 14, 14, 768) if window else torch.randn(1, 64, 64, 768)
-    fns = {
-        "hf_sdpa": sdpa,
-        "hf_eager": eager,
-        "relpos_tiles": _relpos_layer(sdpa, "tiles"),
-        "relpos_fold": _relpos_layer(sdpa, "fold"),
-        "no_bias_floor": floor,
-    }
+    hidden = hidden.to(**factory)
+    fns = {"hf_sdpa": sdpa, "hf_eager": eager}
+    if not is_cuda(str(factory["device"])):  # the tiles run SDPA's CPU flash kernel
+        fns["relpos_tiles"] = _relpos_layer(sdpa, "tiles")
+    fns |= {"relpos_fold": _relpos_layer(sdpa, "fold"), "no_bias_floor": floor}
     if mode in ("forward", "window"):
 
         def forward(fn):
@@ -104,7 +105,7 @@ def _layer_variants(mode: str) -> dict:
     return {name: train(fn, params.get(name, list(sdpa.parameters()))) for name, fn in fns.items()}
 
 
-def _encoder_variants() -> dict:
+def _encoder_variants(**factory) -> dict:
     from transformers import SamVisionConfig, SamVisionModel
 
     import relpos.hf
@@ -115,9 +116,10 @@ def _encoder_variants() -> dict:
         for name, p in sdpa.named_parameters():
             if name.endswith(("rel_pos_h", "rel_pos_w")):
                 p.normal_()
+    sdpa = sdpa.to(**factory)
     ours = relpos.hf.accelerate(copy.deepcopy(sdpa))
-    floor = SamVisionModel._from_config(SamVisionConfig(use_rel_pos=False), attn_implementation="sdpa").eval()
-    pixels = torch.randn(1, 3, 1024, 1024)
+    floor = SamVisionModel._from_config(SamVisionConfig(use_rel_pos=False), attn_implementation="sdpa").eval().to(**factory)
+    pixels = torch.randn(1, 3, 1024, 1024).to(**factory)
 
     def forward(model):
         def call():
@@ -129,14 +131,14 @@ def _encoder_variants() -> dict:
     return {"hf_sdpa": forward(sdpa), "relpos": forward(ours), "no_bias_floor": forward(floor)}
 
 
-def run(variants: dict, rounds: int) -> dict:
+def run(variants: dict, rounds: int, cuda: bool = False) -> dict:
     samples = {name: [] for name in variants}
     peaks = {name: [] for name in variants}
     for fn in variants.values():  # warm-up, not timed
         fn()
     for _ in range(rounds):
         for name, fn in variants.items():
-            ms, peak = measure(fn)
+            ms, peak = measure(fn, cuda=cuda)
             samples[name].append(ms)
             peaks[name].append(peak)
             print(f"  {name}: {ms:.0f} ms, {peak:.0f} MiB", file=sys.stderr, flush=True)
@@ -158,20 +160,29 @@ def page(payload: dict, mode: str) -> str:
     return markdown(mode, {name: (r["ms"], r["peak_mib"], r["samples"]) for name, r in results.items()}) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("forward", "train", "window", "encoder"), default="forward")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--forward-rows", type=int, default=None, help="override the tiles' forward block (query rows)")
+    add_device_arguments(parser)
     parser.add_argument("--json", help="keep this mode's run in this JSON file (the other modes' runs stay)")
     parser.add_argument("--markdown", help="write this mode's table into this page's region generated for it")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.forward_rows:
         decomposed._FORWARD_ROWS = args.forward_rows
-    variants = _encoder_variants() if args.mode == "encoder" else _layer_variants(args.mode)
-    machine = f"{platform.platform()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    device = device_arguments(args)
+    factory = {"device": torch.device(device["device"]), "dtype": getattr(torch, device["dtype"])}
+    variants = _encoder_variants(**factory) if args.mode == "encoder" else _layer_variants(args.mode, **factory)
+    cuda = is_cuda(device["device"])
+    where = torch.cuda.get_device_name(factory["device"]) if cuda else f"{torch.get_num_threads()} threads"
+    machine = f"{platform.platform()}, {where}, {device['dtype']}, torch {torch.__version__}"
     print(f"machine: {machine}")
-    results = run(variants, args.rounds)
+    results = run(variants, args.rounds, cuda)
     print(markdown(args.mode, results))
     payload = {"modes": {}}
     if args.json and os.path.exists(args.json):

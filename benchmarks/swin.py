@@ -3,10 +3,12 @@
 A Swin V2 tiny-like model (embed 96, depths 2-2-6-2, heads 3-6-12-24, patch 4) at 256x256, window 8
 and 16, random weights. Modes: ``forward`` (``torch.no_grad``, eval) and ``train`` (forward,
 backward of the mean squared output, SGD step; train mode). Variants run interleaved in each
-round; times are medians, memory the peak resident memory the call adds (:mod:`relpos.tools.bench`).
-Before timing, the outputs and gradients of both variants are compared (eval mode, same input).
+round; times are medians, memory the peak the call adds (resident memory on the CPU, allocated
+memory on CUDA: :mod:`relpos._measure`). Before timing, the outputs and gradients of both variants
+are compared (eval mode, same input, fp32 and fp64 on the run's device, whatever ``--dtype`` times).
 
     python benchmarks/swin.py --json docs/benchmarks/vision/swin.json --markdown docs/benchmarks/vision/swin.md
+    python benchmarks/swin.py --device cuda --dtype bfloat16 --windows 8 --json OUT/swin.json --markdown OUT/swin.md
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from relpos._io import write_report
 from relpos._progress import Progress
-from relpos._measure import fix_mmap_threshold, timed_rounds
+from relpos._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from relpos.hf import accelerate, recompute_activations
 
 VARIANTS = ("hf_eager", "relpos")
@@ -143,33 +145,42 @@ def _runner(mode: str, model, pixels):
 
 def run(args) -> dict:
     torch.set_num_threads(args.threads) if args.threads else None
+    device, dtype = args.device, getattr(torch, args.dtype)
     rows = []
     plan = [(w, m) for w in args.windows for m in args.modes]
     extra = _timm_class(args.family) is not None  # timm's model is timed too
     progress = Progress(sum(args.rounds * (len(VARIANTS) + (mode == "train") + extra) for _, mode in plan))
     checks = {}
     for window in args.windows:
-        base = _model(window, args.image, args.family)
+        base = _model(window, args.image, args.family).to(device)
+        pixels = torch.randn(args.batch, 3, args.image, args.image, device=device)
+        checks[window] = _check_equal({"hf_eager": base, "relpos": accelerate(copy.deepcopy(base))}, pixels)
+        base, pixels = base.to(dtype), pixels.to(dtype)  # timed (and activations counted) at --dtype
         models = {"hf_eager": base, "relpos": accelerate(copy.deepcopy(base))}
-        pixels = torch.randn(args.batch, 3, args.image, args.image)
-        checks[window] = _check_equal(models, pixels)
         checks[window]["saved_mib"] = {name: _saved_by_stage(model, pixels) for name, model in models.items()}
         checks[window]["saved_mib"][RECOMPUTE] = _saved_by_stage(recompute_activations(accelerate(copy.deepcopy(base))), pixels)
         timm_model = _timm_model(window, args.image, args.family)
+        timm_model = None if timm_model is None else timm_model.to(device, dtype)
         for mode in args.modes:
             variants = {name: _runner(mode, model, pixels) for name, model in models.items()}
             if mode == "train":
                 variants[RECOMPUTE] = _runner(mode, recompute_activations(accelerate(copy.deepcopy(base))), pixels)
             if timm_model is not None:
                 variants[TIMM] = _runner(mode, timm_model, pixels)
-            timed = timed_rounds(variants, args.rounds, progress, f"{mode} window={window}", cuda=False)
+            timed = timed_rounds(variants, args.rounds, progress, f"{mode} window={window}", cuda=is_cuda(device))
             for name, (ms, peak, samples) in timed.items():
                 rows.append({"mode": mode, "window": window, "variant": name, "ms": ms, "peak_mib": peak,
                              "samples": samples})
     progress.close() if hasattr(progress, "close") else None
     return {"config": vars(args) | {"windows": list(args.windows), "modes": list(args.modes)}, "checks": checks,
-            "results": rows, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "results": rows, "machine": _machine(device),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "versions": _versions()}
+
+
+def _machine(device: str) -> str:
+    if is_cuda(device):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.machine()} {platform.processor() or ''}".strip()
 
 
 def _versions() -> dict:
@@ -183,6 +194,13 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "transformers": transformers.__version__, "timm": timm_version}
 
 
+def _precision(cfg: dict) -> str:
+    """``fp32`` on the CPU (the committed CPU runs predate --device and --dtype); else the dtype and the device."""
+    dtype, device = cfg.get("dtype", "float32"), cfg.get("device", "cpu")
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return short if device == "cpu" else f"{short} on {device}"
+
+
 STAGES = ("stage 0", "stage 1", "stage 2", "stage 3", "other")
 
 
@@ -190,7 +208,7 @@ def markdown(report: dict) -> str:
     cfg = report["config"]
     lines = [
         f"Swin V2 tiny-like ({cfg['family']}, embed 96, depths 2-2-6-2, heads 3-6-12-24), {cfg['image']}x{cfg['image']}, "
-        f"batch {cfg['batch']}, fp32, {cfg['rounds']} interleaved rounds (median), "
+        f"batch {cfg['batch']}, {_precision(cfg)}, {cfg['rounds']} interleaved rounds (median), "
         + ", ".join(f"{k} {v}" for k, v in report.get("versions", {"torch": report["torch"]}).items() if v)
         + f", {report['threads']} threads.",
         "",
@@ -234,8 +252,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    fix_mmap_threshold()  # each call's peak resident memory is its own (docs/benchmarks/vision/swin.md)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=("swinv2", "swin"), default="swinv2")
     parser.add_argument("--windows", type=int, nargs="+", default=[8, 16])
@@ -244,9 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_device_arguments(parser)
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    fix_mmap_threshold()  # each call's peak resident memory is its own (docs/benchmarks/vision/swin.md)
+    args = build_parser().parse_args(argv)
+    args.device, args.dtype = (device_arguments(args)[k] for k in ("device", "dtype"))
     report = run(args)
     text = markdown(report)
     print(text)

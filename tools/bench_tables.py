@@ -200,10 +200,15 @@ def attention_command(report: dict, table: Table) -> str:
     return " ".join(words)
 
 
+DEFAULTS = {"device": "cpu", "dtype": "float32"}  # benchmarks' --device / --dtype: a command names them only when set
+
+
 def swin_command(report: dict, table: Table) -> str:
     c = report["config"]
     return (f"python benchmarks/swin.py --family {c['family']} --windows {' '.join(map(str, c['windows']))} "
-            f"--modes {' '.join(c['modes'])} --rounds {c['rounds']} --batch {c['batch']} --threads {c['threads']} {_paths(table)}")
+            f"--modes {' '.join(c['modes'])} --rounds {c['rounds']} --batch {c['batch']} --threads {c['threads']} "
+            + "".join(f"--{key} {c[key]} " for key in ("device", "dtype") if c.get(key, DEFAULTS[key]) != DEFAULTS[key])
+            + _paths(table))
 
 
 def bias_build_command(payload: dict, table: Table) -> str:

@@ -1,4 +1,4 @@
-"""relpos.hf.accelerate on a CUDA GPU: T5, the ALiBi families and Swin against transformers' own models there.
+"""relpos.hf.accelerate on a CUDA GPU: T5, the ALiBi families, SAM / ViTDet and Swin against transformers' own models there.
 
 The same weights on the same GPU; transformers' model runs its default attention (sdpa where it
 has one). Every test carries the ``gpu`` marker and skips without CUDA (CI has none; docs/testing.md
@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import hf_checks  # noqa: E402
+import test_hf_sam as sam_models  # noqa: E402  (tests/hf/test_hf_sam.py's tiny SAM, SAM-HQ and ViTDet)
 import relpos.hf as rh  # noqa: E402
 
 pytestmark = [
@@ -118,6 +119,50 @@ def test_alibi_families_left_padded_generation_on_cuda(family):
     inputs["attention_mask"][1] = 1  # generation pads on the left only
     del inputs["labels"]
     hf_checks.generate_equal(reference, accelerated, inputs, samplers=False)
+
+
+SAM_KINDS = ["sam_vision", "sam_hq_vision", "vitdet"]
+
+
+def sam_pair(kind: str, dtype: torch.dtype = torch.float64):
+    """(transformers' tiny model of ``kind`` on the GPU, an accelerated copy, its CUDA inputs): std-1 tables."""
+    reference = sam_models._build(kind).to(CUDA, dtype)
+    inputs = {k: v.to(CUDA, dtype) for k, v in sam_models._inputs(kind).items()}
+    return reference, rh.accelerate(copy.deepcopy(reference)), inputs
+
+
+@pytest.mark.parametrize("kind", SAM_KINDS)
+def test_sam_vision_outputs_and_every_gradient_on_cuda(kind):
+    """The decomposed positions through SDPA on CUDA (the fold: ``auto`` there), fp64: every output and gradient."""
+    reference, accelerated, inputs = sam_pair(kind)
+    results = []
+    for model in (reference, accelerated):
+        outputs = sam_models._outputs(kind, model, inputs)
+        grads = torch.autograd.grad(sam_models._loss(outputs), list(model.parameters()), allow_unused=True)
+        results.append(({n: o.detach() for n, o in outputs.items()}, grads))
+    (ref_out, ref_grads), (our_out, our_grads) = results
+    for name in ref_out:
+        assert ref_out[name].abs().mean() > 1e-2, name
+        torch.testing.assert_close(our_out[name], ref_out[name], rtol=1e-9, atol=1e-9, msg=name)
+    assert sum(g is not None for g in ref_grads) == sum(g is not None for g in our_grads) > 0
+    for (name, _), a, b in zip(reference.named_parameters(), our_grads, ref_grads):
+        assert (a is None) == (b is None), name
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("kind", SAM_KINDS)
+def test_sam_vision_bf16_on_cuda_within_twice_transformers_error(kind):
+    reference, accelerated, inputs = sam_pair(kind)
+    with torch.no_grad():
+        exact = sam_models._outputs(kind, reference, inputs)
+        low = {k: v.to(torch.bfloat16) for k, v in inputs.items()}
+        theirs = sam_models._outputs(kind, copy.deepcopy(reference).to(torch.bfloat16), low)
+        ours = sam_models._outputs(kind, copy.deepcopy(accelerated).to(torch.bfloat16), low)
+    for name, value in exact.items():
+        assert torch.isfinite(ours[name]).all(), name
+        theirs_error = (theirs[name].double() - value).abs().max()
+        assert (ours[name].double() - value).abs().max() <= 2 * theirs_error + 1e-3, name
 
 
 @pytest.mark.parametrize("family", ["swin", "swinv2"])
