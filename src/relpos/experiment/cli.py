@@ -11,11 +11,9 @@ import pathlib
 import sys
 from typing import Callable
 
-import torch.distributed as dist
-
 from .._cli import HelpFormatter
 from .._io import json_safe, write_text
-from .._process import close_process_group, exit_process
+from .._process import close_process_group
 from ..encodings.buckets import STRATEGIES
 from . import runner
 from .parallel import PARALLEL
@@ -263,15 +261,14 @@ def _interrupted(out: str) -> int:
 
 
 def _closing(run: Callable[[], int]) -> int:
-    """``run()``, then the process group ended; under torchrun the process then exits at once with the code
-    (:func:`relpos._process.exit_process`: a gloo thread can abort the interpreter's teardown)."""
+    """``run()``, then the process group ended (:func:`relpos._process.close_process_group`; under torchrun,
+    ``python -m relpos.experiment`` then exits without interpreter teardown: ``relpos._process`` says why)."""
     try:
         code = run()
     except BaseException:
         close_process_group(clean=False)
         raise
-    if dist.is_initialized():
-        exit_process(code)
+    close_process_group()
     return code
 
 
