@@ -73,6 +73,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "fuzz_hf": ("tests/hf/test_fuzz_hf.py", "tests/hf/test_hf_alibi.py"),
     "hf_static": ("tests/hf/test_hf_static_cache.py", "tests/hf/test_hf_alibi_static_cache.py"),
     "fused_tile": ("tests/backends/test_backends.py", "tests/distributed/test_ring.py"),
+    "process": ("tests/distributed/test_exit_process.py",),
 }
 
 
@@ -240,6 +241,10 @@ MUTANTS: list[Mutant] = [
     Mutant("triton-dropout-forward-first-keys-skipped", "backends/_triton.py", "            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,\n                                      m0, first // 16 * 16,", "            acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, vals, 0.0, slope, offs_m, offs_d, offs_dv,\n                                      m0, first // 16 * 16 + 16,", "Triton forward with dropout: a left-padded example's keys before its first multiple of 16 not attended (the last step visits the next 16)", "triton"),
     Mutant("triton-dropout-dq-first-keys-skipped", "backends/_triton.py", "                             first // 16 * 16, m0, first, lo, Lq,", "                             first // 16 * 16, m0, lo, lo, Lq,", "Triton dq with dropout: a left-padded example's keys before its first multiple of 16 get no dq (their step sees no key)", "triton"),
     Mutant("triton-row-stats-delta-is-lse", "backends/_triton.py", "    delta = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)", "    delta = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)", "Triton backward: each row's delta read from the low half of its (lse, delta) word, which holds lse", "triton"),
+    # ending a gloo process without interpreter teardown (relpos._process)
+    Mutant("process-exit-group-left-open", "_process.py", "    close_process_group()\n    for stream", "    for stream", "exit_process: the process exits with its group open (no barrier: a rank leaves while another still talks)", "process"),
+    Mutant("process-exit-unflushed", "_process.py", "            stream.flush()", "            pass", "exit_process: buffered stdout and stderr lost at os._exit (the last lines a run prints never appear)", "process"),
+    Mutant("process-exit-code-unchecked", "_process.py", "    if code > 255:", "    if code > 65535:", "exit_process: an exit code above 255 accepted (the shell would read it modulo 256: 256 as success)", "process"),
 ]
 
 
