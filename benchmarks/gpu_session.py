@@ -1,6 +1,6 @@
 """One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests,sam,swin] [--budget 540]
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests,sam,sam_layer,swin] [--budget 540]
         [--limits kernel=120,t5=150] [--kernel-cases t5_forward,alibi_forward]
 
 GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
@@ -22,7 +22,8 @@ Steps:
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
 * ``tests``: ``pytest -m gpu -v`` over ``GPU_TEST_FILES`` (the models on CUDA first, then the Triton kernel at
   real sizes, dropout included), each test's name and result in the log as it finishes;
-* ``sam``, ``swin``: benchmarks/sam.py (the SAM ViT-B image encoder at 1024 x 1024, forward) and benchmarks/swin.py
+* ``sam``, ``sam_layer``, ``swin``: benchmarks/sam.py (the SAM ViT-B image encoder at 1024 x 1024, forward; one
+  global layer's training step, the fold and the decomposed Triton kernel beside transformers') and benchmarks/swin.py
   (Swin V2-tiny at 256 x 256, windows 8 and 16, forward and training step) against transformers on the same GPU.
 """
 
@@ -60,6 +61,8 @@ STEPS = {  # name -> (seconds at most, command); run in this order
     "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", *GPU_TEST_FILES]),
     "sam": (90, [sys.executable, "benchmarks/sam.py", "--mode", "encoder", "--rounds", "5", "--device", "cuda",
                  "--dtype", "bfloat16", "--json", "{out}/sam.json", "--markdown", "{out}/sam.md"]),
+    "sam_layer": (90, [sys.executable, "benchmarks/sam.py", "--mode", "train", "--rounds", "5", "--device", "cuda",
+                       "--dtype", "bfloat16", "--json", "{out}/sam.json", "--markdown", "{out}/sam.md"]),
     "swin": (120, [sys.executable, "benchmarks/swin.py", "--family", "swinv2", "--windows", "8", "16", "--modes", "forward",
                    "train", "--rounds", "5", "--device", "cuda", "--dtype", "bfloat16", "--json", "{out}/swin.json",
                    "--markdown", "{out}/swin.md"]),

@@ -13,6 +13,8 @@ Variants, interleaved round by round (this kind of shared VM has slow phases las
 * ``hf_sdpa`` / ``hf_eager``: transformers' ``SamVisionSdpaAttention`` / ``SamVisionAttention``;
 * ``relpos_tiles`` / ``relpos_fold``: the same layer accelerated (``relpos.hf.accelerate``'s forward),
   with ``impl="tiles"`` (the CPU default; CPU only) or ``impl="fold"`` (``auto`` on CUDA);
+* ``relpos_triton`` (CUDA only): the same with ``impl="triton"``, the positions inside a flash kernel's tiles
+  (in ``encoder`` mode: the accelerated model with every layer's ``auto`` sent to it);
 * ``no_bias_floor``: the same layer with ``use_rel_pos=False`` (SDPA with no bias): the floor.
 
 Layer: 64 x 64 tokens, 12 heads, head dim 64, B = 1, random weights and std-1 tables. ``train`` is
@@ -24,6 +26,7 @@ of the rounds; memory: peak extra memory of one call (resident on the CPU, alloc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -77,8 +80,8 @@ def _layer_variants(mode: str, **factory) -> dict:
     hidden = torch.randn(25, 14, 14, 768) if window else torch.randn(1, 64, 64, 768)
     hidden = hidden.to(**factory)
     fns = {"hf_sdpa": sdpa, "hf_eager": eager}
-    if not is_cuda(str(factory["device"])):  # the tiles run SDPA's CPU flash kernel
-        fns["relpos_tiles"] = _relpos_layer(sdpa, "tiles")
+    cuda = is_cuda(str(factory["device"]))
+    fns["relpos_triton" if cuda else "relpos_tiles"] = _relpos_layer(sdpa, "triton" if cuda else "tiles")  # tiles: CPU
     fns |= {"relpos_fold": _relpos_layer(sdpa, "fold"), "no_bias_floor": floor}
     if mode in ("forward", "window"):
 
@@ -121,14 +124,29 @@ def _encoder_variants(**factory) -> dict:
     floor = SamVisionModel._from_config(SamVisionConfig(use_rel_pos=False), attn_implementation="sdpa").eval().to(**factory)
     pixels = torch.randn(1, 3, 1024, 1024).to(**factory)
 
-    def forward(model):
+    def forward(model, impl: str | None = None):
         def call():
-            with torch.no_grad():
+            chosen = contextlib.nullcontext() if impl is None else _every_layer(impl)
+            with torch.no_grad(), chosen:
                 model(pixels)
 
         return call
 
-    return {"hf_sdpa": forward(sdpa), "relpos": forward(ours), "no_bias_floor": forward(floor)}
+    variants = {"hf_sdpa": forward(sdpa), "relpos": forward(ours)}
+    if is_cuda(str(factory["device"])):
+        variants["relpos_triton"] = forward(ours, "triton")
+    return variants | {"no_bias_floor": forward(floor)}
+
+
+@contextlib.contextmanager
+def _every_layer(impl: str):
+    """While inside: every ``decomposed_attention(impl="auto")`` call runs ``impl`` (the accelerated model's layers)."""
+    saved = decomposed._choose
+    decomposed._choose = lambda chosen, query, dropout_p: impl if chosen == "auto" else chosen
+    try:
+        yield
+    finally:
+        decomposed._choose = saved
 
 
 def run(variants: dict, rounds: int, cuda: bool = False) -> dict:

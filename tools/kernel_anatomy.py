@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 OPCODES = ("HGMMA", "MUFU", "I2F", "I2FP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "LDG", "LDGSTS", "LDS", "STS", "SHFL", "BAR",
            "LDL", "STL")  # LDL / STL: spilled registers read and written back
 KERNELS = ("_fwd_kernel", "_delta_kernel", "_dkdv_kernel", "_dq_kernel")
+DECOMPOSED_KERNELS = ("_fwd_kernel", "_dkdv_kernel", "_dq_kernel")  # relpos.backends._triton_decomposed
 
 #: Per-SM limits by compute capability (NVIDIA's CUDA C++ Programming Guide, "Compute Capabilities"): 32-bit
 #: registers, shared memory a block may use (KiB; 1 KiB more is reserved per block), resident warps and blocks.
@@ -119,13 +120,14 @@ def compiling_for(arch: int, blocks=None, ptxas_logs: bool = False):
     log is captured around each launch, which a timing of the launch path must not pay)."""
     from triton.runtime.driver import driver
 
-    from relpos.backends import _triton
+    from relpos.backends import _triton, _triton_decomposed
 
     import triton
 
     compiled: list = []
     saved_driver, saved_blocks = driver._active, _triton._blocks
-    saved_runs = {name: getattr(_triton, name).run for name in KERNELS}
+    kernels = [(_triton, name) for name in KERNELS] + [(_triton_decomposed, name) for name in DECOMPOSED_KERNELS]
+    saved_runs = {(module, name): getattr(module, name).run for module, name in kernels}
     saved_knobs = triton.knobs.nvidia.dump_ptxas_log, triton.knobs.compilation.always_compile
 
     def compile_only(name, run):
@@ -148,13 +150,14 @@ def compiling_for(arch: int, blocks=None, ptxas_logs: bool = False):
         triton.knobs.compilation.always_compile = True  # Triton's disk cache would skip ptxas, and its log
     driver.set_active(_TargetDriver(arch))
     _triton._blocks = lambda head_dim, device: blocks or saved_blocks(head_dim, torch.device("cuda"))
-    for name, run in saved_runs.items():
-        getattr(_triton, name).run = compile_only(name, run)
+    for (module, name), run in saved_runs.items():
+        label = name if module is _triton else f"decomposed{name}"  # decomposed_fwd_kernel, ...
+        getattr(module, name).run = compile_only(label, run)
     try:
         yield compiled
     finally:
-        for name, run in saved_runs.items():
-            getattr(_triton, name).run = run
+        for (module, name), run in saved_runs.items():
+            getattr(module, name).run = run
         _triton._blocks = saved_blocks
         driver._active = saved_driver
         triton.knobs.nvidia.dump_ptxas_log, triton.knobs.compilation.always_compile = saved_knobs
@@ -191,6 +194,18 @@ def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int =
         if variant.backward:
             _triton._launch_backward(q, q, q, q, out, lse, padded, slopes, starts, ends, key_terms, seed, spec,
                                      bias_grad=variant.bias == "offsets")
+    return compiled
+
+
+def compile_decomposed(arch: int = 90, dtype: torch.dtype = torch.bfloat16) -> list:
+    """The decomposed-positions kernels (relpos.backends._triton_decomposed), forward and backward, compiled for
+    ``sm_<arch>`` at SAM ViT-B's global layer (64 x 64 keys, head dim 64): ``(name, CompiledKernel)`` pairs."""
+    from relpos.backends._triton_decomposed import decomposed_triton
+
+    n, grid, d = 4096, 64, 64
+    leaves = [torch.zeros(1, 2, n, width, dtype=dtype, requires_grad=True) for width in (d, d, d, grid, grid)]
+    with compiling_for(arch, ptxas_logs=True) as compiled:
+        decomposed_triton(*leaves, d ** -0.5).sum().backward()  # launches stop at the compile: no real values
     return compiled
 
 

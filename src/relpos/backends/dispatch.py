@@ -652,17 +652,23 @@ def _triton_refuses_inputs(query: torch.Tensor, value: torch.Tensor) -> str | No
     return None
 
 
+def triton_unavailable(query: torch.Tensor, value: torch.Tensor) -> str | None:
+    """Why relpos's Triton kernels cannot run on these tensors here (triton missing, their device, dtype or head
+    dimensions), or None: shared by ``backend="triton"`` and the decomposed positions' ``impl="triton"``."""
+    if not _TRITON_INSTALLED:
+        return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
+    if query.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "CPU tensors run the Triton kernel only under its interpreter (TRITON_INTERPRET=1, for tests)"
+    if query.device.type not in ("cpu", "cuda"):
+        return f"the Triton kernel runs on CUDA GPUs, not {query.device.type}"
+    return _triton_refuses_inputs(query, value)
+
+
 def _triton_unavailable(call: _Call) -> str | None:
     q = call.query
     if call.dense_reason and (call.key_mask is None or isinstance(call.bias, torch.Tensor)):
         return f"the kernel reads a per-offset bias and a key padding mask; {call.dense_reason}"
-    if not _TRITON_INSTALLED:
-        return "triton is not installed (it comes with CUDA builds of torch; pip install 'relpos[gpu]')"
-    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return "CPU tensors run the Triton kernel only under its interpreter (TRITON_INTERPRET=1, for tests)"
-    if q.device.type not in ("cpu", "cuda"):
-        return f"the Triton kernel runs on CUDA GPUs, not {q.device.type}"
-    refused = _triton_refuses_inputs(q, call.value)
+    refused = triton_unavailable(q, call.value)
     if refused:
         return refused
     if q.shape[2] == 0 or call.key_length == 0:

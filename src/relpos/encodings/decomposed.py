@@ -23,6 +23,11 @@ the same attention (the ``impl`` switch of :func:`decomposed_attention`):
   zero-padded to it so CPU SDPA keeps its flash kernel); gradients by SDPA's own backward. On a
   GPU, ``64 + 64 + 64 <= 256`` fits the flash kernels, and zero channels pad the head dimension to a
   multiple of 8 (a window of 14: 64 + 28 = 92 becomes 96), which they need.
+* ``"triton"`` (CUDA; opt-in): a flash-attention kernel that adds ``rel_h`` and ``rel_w`` inside each tile
+  (relpos.backends._triton_decomposed): the keys visited a grid row at a time, so a tile adds one ``rel_h`` value
+  per query row and a contiguous ``(rows, columns)`` block of ``rel_w``; attention's own head dim (no fold), no
+  ``(N, K)`` bias, gradients into q, k, v, ``rel_h`` and ``rel_w``; no dropout. Tested under Triton's interpreter;
+  not yet timed on a GPU, so ``"auto"`` keeps the fold there.
 * ``"reference"``: the dense bias and an eager softmax, the readable definition the others are
   tested against.
 """
@@ -38,6 +43,7 @@ from torch import nn
 from .._checks import check_choice, check_grid, check_int, check_probability, check_scale, check_tensor
 from ..backends._fused import accumulate_dtype, fused_available
 from ..backends._head_dim import fused_head_dim
+from ..backends.dispatch import triton_unavailable
 
 __all__ = [
     "DecomposedRelPos",
@@ -49,8 +55,8 @@ __all__ = [
     "resize_rel_pos",
 ]
 
-Impl = Literal["auto", "tiles", "fold", "reference"]
-IMPLS = ("auto", "tiles", "fold", "reference")
+Impl = Literal["auto", "tiles", "fold", "triton", "reference"]
+IMPLS = ("auto", "tiles", "fold", "triton", "reference")
 # Forward blocks: 768 query rows, the length from which SDPA's CPU flash kernel uses its largest query
 # block (256), measured fastest in docs/benchmarks/vision/sam.md; fewer when a block's mask (H * rows * N) would
 # pass 2**26 elements; short sequences (windows) go several examples per call up to that size.
@@ -216,6 +222,17 @@ class _TiledDecomposed(torch.autograd.Function):
         return (*(g.to(t.dtype) for g, t in zip(grads, (q, k, v, rel_h, rel_w))), None)
 
 
+def _triton(query, key, value, rel_h, rel_w, scale: float, dropout_p: float) -> torch.Tensor:
+    refused = "its kernel has no dropout" if dropout_p > 0.0 else triton_unavailable(query, value)
+    if refused is None and len({t.dtype for t in (query, key, value, rel_h, rel_w)}) > 1:
+        refused = "query, key, value, rel_h and rel_w must share one dtype"
+    if refused:
+        raise ValueError(f"impl='triton' cannot run this call: {refused}; use impl='auto'")
+    from ..backends._triton_decomposed import decomposed_triton  # imports triton: only when asked for
+
+    return decomposed_triton(query, key, value, rel_h, rel_w, scale)  # (B, H, N, dv)
+
+
 def _choose(impl: str, query: torch.Tensor, dropout_p: float) -> str:
     if impl != "auto":
         return impl
@@ -243,8 +260,9 @@ def decomposed_attention(
         rel_h, rel_w: ``(B, H, N, Kh)`` and ``(B, H, N, Kw)`` from :func:`decomposed_terms`.
         scale: logit scale; ``None`` is ``d ** -0.5`` (SAM's and ViTDet's).
         dropout_p: attention dropout (``"auto"`` then takes the fold through SDPA).
-        impl: ``"auto"`` (``"tiles"`` on CPU, ``"fold"`` elsewhere), ``"tiles"``, ``"fold"`` or
-            ``"reference"`` (the dense bias, eager; holds ``(B, H, N, K)``).
+        impl: ``"auto"`` (``"tiles"`` on CPU, ``"fold"`` elsewhere), ``"tiles"``, ``"fold"``, ``"triton"``
+            (the position terms inside a flash kernel's tiles; CUDA, no dropout) or ``"reference"`` (the dense
+            bias, eager; holds ``(B, H, N, K)``).
     """
     for name, t in (("query", query), ("key", key), ("value", value), ("rel_h", rel_h), ("rel_w", rel_w)):
         check_tensor(name, t, shape="(B, H, ., .)")
@@ -270,6 +288,8 @@ def decomposed_attention(
         return _TiledDecomposed.apply(query, key, value, rel_h, rel_w, scale)
     if impl == "fold":
         return _fold(query, key, value, rel_h, rel_w, scale, dropout_p)
+    if impl == "triton":
+        return _triton(query, key, value, rel_h, rel_w, scale, dropout_p)
     return _reference(query, key, value, rel_h, rel_w, scale, dropout_p)
 
 

@@ -1,0 +1,211 @@
+"""Decomposed 2D relative positions (MViTv2, SAM, ViTDet) inside a flash-attention kernel (Triton).
+
+The logit of query ``i`` and key ``j = y' Kw + x'`` (keys in raster order on a ``Kh x Kw`` grid)::
+
+    s[i, j] = scale * q_i . k_j + rel_h[i, y'] + rel_w[i, x']
+
+The kernels visit the keys as the grid they are: a key row ``y'``, then a block of ``BN`` of its columns. In
+every such tile ``rel_h`` adds one value per query row and ``rel_w`` a ``(BM, BN)`` block read contiguously, so
+the ``(N, K)`` bias never exists, in the forward or the backward:
+
+* forward: online softmax in fp32 over the tiles, the log-sum-exp kept for the backward;
+* ``dk, dv``: one program per key tile (a row's column block), looping over the query blocks;
+* ``dq, d rel_h, d rel_w``: one program per query block, looping over column blocks, then over the rows, so
+  ``d rel_w``'s ``(BM, BN)`` block sums in registers over the rows and is stored once; ``d rel_h[i, y']`` gets
+  each tile's row sums of ``dS`` by an atomic add (``BM`` of them per tile, never two programs on one address);
+* ``delta = rowsum(dO * O)`` is one torch operator on the host.
+
+The kernels also run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the test
+suite checks them against the ``"reference"`` path of :func:`relpos.encodings.decomposed.decomposed_attention`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["decomposed_triton"]
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
+
+
+@triton.jit
+def _scores(q, k, rh_ptrs, rw_ptrs, rows_ok, cols_ok, scale, PRECISION: tl.constexpr):
+    """(BM, BN) logits of one tile: ``scale q.k + rel_h[i, y'] + rel_w[i, x']``; ``-inf`` on columns past Kw."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BM, BN)
+    bh = tl.load(rh_ptrs, mask=rows_ok, other=0.0).to(tl.float32)  # (BM,): one key row's rel_h
+    bw = tl.load(rw_ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0).to(tl.float32)  # (BM, BN)
+    return tl.where(cols_ok[None, :], s + bh[:, None] + bw, float("-inf"))
+
+
+@triton.jit
+def _rows(base, offs, ok, width, offs_d, D: tl.constexpr):
+    """(rows, D_PAD) block of a row-major ``(rows, D)`` tensor; zeros outside ``ok`` and past ``D``."""
+    return tl.load(base + offs[:, None] * width + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, RH, RW, O, LSE, N, Kh, Kw, scale, D: tl.constexpr, DV: tl.constexpr,
+                D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    keys = Kh * Kw
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d, offs_dv, offs_c = tl.arange(0, D_PAD), tl.arange(0, DV_PAD), tl.arange(0, BN)
+    rows_ok = offs_m < N
+    q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
+    k_base, v_base = K + bh * keys * D, V + bh * keys * DV
+    rh_row, rw_row = RH + bh * N * Kh + offs_m * Kh, RW + bh * N * Kw + offs_m * Kw  # (BM,) pointers
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, DV_PAD], tl.float32)
+    for r in range(0, Kh):
+        for c0 in range(0, Kw, BN):
+            cols = c0 + offs_c  # (BN,) columns of key row r
+            cols_ok = cols < Kw
+            k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
+            v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
+            s = _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a column < Kw
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])  # (BM, BN)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (BM, DV_PAD)
+            m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(O + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
+             mask=rows_ok[:, None] & (offs_dv[None, :] < DV))
+    tl.store(LSE + bh * N + offs_m, m_i + tl.log(l_i), mask=rows_ok)
+
+
+@triton.jit
+def _dkdv_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DK, DVAL, N, Kh, Kw, n_cblocks, scale, D: tl.constexpr,
+                 DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    keys = Kh * Kw
+    r, c0 = pid // n_cblocks, (pid % n_cblocks) * BN  # this program's key row and first column
+    offs_d, offs_dv, offs_r = tl.arange(0, D_PAD), tl.arange(0, DV_PAD), tl.arange(0, BM)
+    cols = c0 + tl.arange(0, BN)
+    cols_ok = cols < Kw
+    offs_n = r * Kw + cols  # (BN,) keys
+    k = _rows(K + bh * keys * D, offs_n, cols_ok, D, offs_d, D)  # (BN, D_PAD)
+    v = _rows(V + bh * keys * DV, offs_n, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
+    dk = tl.zeros([BN, D_PAD], tl.float32)
+    dv = tl.zeros([BN, DV_PAD], tl.float32)
+    if N > 0:  # the loop behind a branch: its zero-step path would copy dk and dv before the loop's last wgmma
+        # wait, and ptxas then serializes every wgmma (remark C7515; relpos.backends._triton, "Regions")
+        for m0 in range(0, N, BM):
+            offs_m = m0 + offs_r
+            rows_ok = offs_m < N
+            q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
+            do = _rows(DO + bh * N * DV, offs_m, rows_ok, DV, offs_dv, DV)  # (BM, DV_PAD)
+            lse = tl.load(LSE + bh * N + offs_m, mask=rows_ok, other=0.0)  # (BM,)
+            delta = tl.load(DELTA + bh * N + offs_m, mask=rows_ok, other=0.0)
+            s = _scores(q, k, RH + bh * N * Kh + offs_m * Kh + r,
+                        RW + bh * N * Kw + offs_m[:, None] * Kw + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+            p = tl.where(rows_ok[:, None], tl.exp(s - lse[:, None]), 0.0)  # (BM, BN): the forward's weights
+            dv = tl.dot(tl.trans(p).to(do.dtype), do, dv, input_precision=PRECISION)  # (BN, DV_PAD)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
+            ds = p * (dp - delta[:, None])  # (BM, BN): d logits
+            dk = tl.dot(tl.trans(ds).to(q.dtype), q, dk, input_precision=PRECISION)  # (BN, D_PAD)
+    ok = cols_ok[:, None]
+    tl.store(DK + bh * keys * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=ok & (offs_d[None, :] < D))
+    tl.store(DVAL + bh * keys * DV + offs_n[:, None] * DV + offs_dv[None, :], dv.to(DVAL.dtype.element_ty),
+             mask=ok & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _dq_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, N, Kh, Kw, scale, D: tl.constexpr,
+               DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               PRECISION: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    keys = Kh * Kw
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d, offs_dv, offs_c = tl.arange(0, D_PAD), tl.arange(0, DV_PAD), tl.arange(0, BN)
+    rows_ok = offs_m < N
+    q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
+    do = _rows(DO + bh * N * DV, offs_m, rows_ok, DV, offs_dv, DV)  # (BM, DV_PAD)
+    lse = tl.load(LSE + bh * N + offs_m, mask=rows_ok, other=0.0)
+    delta = tl.load(DELTA + bh * N + offs_m, mask=rows_ok, other=0.0)
+    k_base, v_base = K + bh * keys * D, V + bh * keys * DV
+    rh_row, rw_row = RH + bh * N * Kh + offs_m * Kh, RW + bh * N * Kw + offs_m * Kw  # (BM,) pointers
+    drh_row, drw_row = DRH + bh * N * Kh + offs_m * Kh, DRW + bh * N * Kw + offs_m * Kw
+    dq = tl.zeros([BM, D_PAD], tl.float32)
+    for c0 in range(0, Kw, BN):
+        cols = c0 + offs_c
+        cols_ok = cols < Kw
+        drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows
+        for r in range(0, Kh):
+            k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
+            v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
+            s = _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+            p = tl.where(rows_ok[:, None], tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
+            ds = p * (dp - delta[:, None])  # (BM, BN)
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)  # (BM, D_PAD)
+            drw += ds
+            tl.atomic_add(drh_row + r, tl.sum(ds, 1), mask=rows_ok)  # d rel_h[i, r]: this tile's share
+        tl.store(drw_row[:, None] + cols[None, :], drw, mask=rows_ok[:, None] & cols_ok[None, :])
+    tl.store(DQ + bh * N * D + offs_m[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=rows_ok[:, None] & (offs_d[None, :] < D))
+
+
+def _pad(dim: int) -> int:
+    """A head dimension rounded up to a power of two of at least 16 (``tl.dot``'s smallest side)."""
+    return max(16, 1 << (dim - 1).bit_length())
+
+
+def _launch_options(kw: int) -> dict:
+    """Tiles: (BM, BN) 16 x 16 under the interpreter (many tiles at test sizes), else 64 query rows and a column
+    block that holds a whole key row up to 64 (SAM ViT-B's global layers: Kw = 64; a window of 14 pads to 16)."""
+    if INTERPRETED:
+        return {"BM": 16, "BN": 16}
+    return {"BM": 64, "BN": min(64, _pad(kw)), "num_warps": 4, "num_stages": 2}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 multiplies in full fp32, as relpos's other kernels
+
+
+class _DecomposedTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, scale):
+        b, h, n, d = q.shape
+        kh, kw, dv = rel_h.shape[-1], rel_w.shape[-1], v.shape[-1]
+        q, k, v, rel_h, rel_w = (t.contiguous() for t in (q, k, v, rel_h, rel_w))
+        out = torch.empty(b, h, n, dv, dtype=q.dtype, device=q.device)  # (B, H, N, dv)
+        lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)  # (B, H, N)
+        opts = _launch_options(kw)
+        consts = {"D": d, "DV": dv, "D_PAD": _pad(d), "DV_PAD": _pad(dv), "PRECISION": _precision(q.dtype), **opts}
+        _fwd_kernel[(triton.cdiv(n, opts["BM"]), b * h)](q, k, v, rel_h, rel_w, out, lse, n, kh, kw, scale, **consts)
+        ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
+        ctx.scale, ctx.consts = scale, consts
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
+        b, h, n, _ = q.shape
+        kh, kw = rel_h.shape[-1], rel_w.shape[-1]
+        consts = ctx.consts
+        grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1)  # (B, H, N): rowsum(dO * O)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        drh = torch.zeros(rel_h.shape, dtype=torch.float32, device=q.device)  # (B, H, N, Kh): atomic adds
+        drw = torch.empty(rel_w.shape, dtype=torch.float32, device=q.device)  # (B, H, N, Kw)
+        n_cblocks = triton.cdiv(kw, consts["BN"])
+        args = (q, k, v, rel_h, rel_w, grad_out, lse, delta)
+        _dkdv_kernel[(kh * n_cblocks, b * h)](*args, dk, dv, n, kh, kw, n_cblocks, ctx.scale, **consts)
+        _dq_kernel[(triton.cdiv(n, consts["BM"]), b * h)](*args, dq, drh, drw, n, kh, kw, ctx.scale, **consts)
+        return dq, dk, dv, drh.to(rel_h.dtype), drw.to(rel_w.dtype), None
+
+
+def decomposed_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rel_h: torch.Tensor,
+                      rel_w: torch.Tensor, scale: float) -> torch.Tensor:
+    """``softmax(q k^T * scale + rel_h[i, y'] + rel_w[i, x']) v`` ``(B, H, N, dv)`` in the kernels above; inputs
+    checked by :func:`relpos.encodings.decomposed.decomposed_attention` (``impl="triton"``)."""
+    return _DecomposedTriton.apply(query, key, value, rel_h, rel_w, float(scale))
