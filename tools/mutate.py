@@ -74,6 +74,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "hf_static": ("tests/hf/test_hf_static_cache.py", "tests/hf/test_hf_alibi_static_cache.py"),
     "fused_tile": ("tests/backends/test_backends.py", "tests/distributed/test_ring.py"),
     "process": ("tests/distributed/test_exit_process.py",),
+    "decomposed_triton": ("tests/encodings/test_decomposed_triton.py",),
 }
 
 
@@ -245,6 +246,12 @@ MUTANTS: list[Mutant] = [
     Mutant("process-exit-group-left-open", "_process.py", "    close_process_group()\n    for stream", "    for stream", "exit_process: the process exits with its group open (no barrier: a rank leaves while another still talks)", "process"),
     Mutant("process-exit-unflushed", "_process.py", "            stream.flush()", "            pass", "exit_process: buffered stdout and stderr lost at os._exit (the last lines a run prints never appear)", "process"),
     Mutant("process-exit-code-unchecked", "_process.py", "    if code > 255:", "    if code > 65535:", "exit_process: an exit code above 255 accepted (the shell would read it modulo 256: 256 as success)", "process"),
+    # decomposed 2D positions in their own Triton kernel (relpos.backends._triton_decomposed)
+    Mutant("decomposed-triton-row-term-dropped", "backends/_triton_decomposed.py", "s + bh[:, None] + bw", "s + bw", "decomposed Triton kernel: rel_h (the key row's term) never added to the logits", "decomposed_triton"),
+    Mutant("decomposed-triton-no-rescale", "backends/_triton_decomposed.py", "alpha = tl.exp(m_i - m_new)", "alpha = 1.0 + 0.0 * m_i", "decomposed Triton forward: the running sums not rescaled when a tile raises the row maximum", "decomposed_triton"),
+    Mutant("decomposed-triton-rel-h-gradient-dropped", "backends/_triton_decomposed.py", "tl.atomic_add(drh_row + r, tl.sum(ds, 1), mask=rows_ok)", "tl.atomic_add(drh_row + r, 0.0 * tl.sum(ds, 1), mask=rows_ok)", "decomposed Triton dq: d rel_h never accumulated (the row table gets no gradient)", "decomposed_triton"),
+    Mutant("decomposed-triton-dk-unscaled", "backends/_triton_decomposed.py", "(dk * scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)", "decomposed Triton dk/dv: dk missing the logit scale", "decomposed_triton"),
+    Mutant("decomposed-triton-rel-w-last-block-only", "backends/_triton_decomposed.py", "        drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows\n        for r in range(0, Kh):", "        drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows\n        for r in range(Kh - 1, Kh):", "decomposed Triton dq: d rel_w (and dq) summed over the last key row only", "decomposed_triton"),
 ]
 
 
