@@ -101,3 +101,15 @@ def test_bad_inputs_are_refused_before_any_launch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="only under its interpreter"):
         decomposed_attention(q, k, v, rel_h, rel_w, impl="triton")
+
+
+@pytest.mark.parametrize("batch,queries", [(0, 9), (2, 0)])
+def test_empty_batches_and_no_queries_return_empty_results(batch, queries):
+    q = torch.randn(batch, 2, queries, 8, requires_grad=True)
+    k, v = (torch.randn(batch, 2, 9, 8, requires_grad=True) for _ in range(2))
+    rel_h, rel_w = (torch.randn(batch, 2, queries, 3, requires_grad=True) for _ in range(2))
+    out = decomposed_attention(q, k, v, rel_h, rel_w, impl="triton")
+    assert out.shape == (batch, 2, queries, 8)
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in (q, k, v, rel_h, rel_w))
+    assert float(k.grad.abs().sum()) == 0.0  # no query: no gradient reaches the keys
