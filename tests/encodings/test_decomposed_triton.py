@@ -18,6 +18,8 @@ CASES = {  # name -> (query grid, key grid, batch, heads, head dim)
     "rows of 17 keys": ((4, 17), (4, 17), 2, 2, 16),
     "queries 3x4, keys 5x6": ((3, 4), (5, 6), 2, 2, 8),
     "one key row": ((2, 9), (1, 20), 1, 2, 8),
+    "16 queries, 15 keys": ((4, 4), (3, 5), 1, 2, 8),  # one query block exactly; keys one short of a block
+    "17 queries and keys": ((1, 17), (1, 17), 2, 1, 8),  # one past a query block and a column block
 }
 
 
