@@ -136,15 +136,19 @@ def test_tiles_low_precision(dtype, tol):
 
 
 class _LargestTensor(TorchDispatchMode):
+    """The largest tensor an operator returns inside it: in elements (``largest``) and in bytes (``largest_bytes``:
+    Triton's interpreter copies its arguments' storages as bytes)."""
+
     def __init__(self):
         super().__init__()
-        self.largest = 0
+        self.largest = self.largest_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
+                self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
         return out
 
 

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from test_decomposed import _LargestTensor  # noqa: E402  (the largest tensor an operator returns)
 
 # the interpreter's tiles are 16 x 16: a key row of 6 fills part of one column block, of 17 one and a single column
 CASES = {  # name -> (query grid, key grid, batch, heads, head dim)
@@ -61,34 +61,18 @@ def test_fp16_within_the_rounding_of_its_inputs():
         assert (got - want).abs().max() <= 1e-2 * want.abs().max()
 
 
-class _LargestBytes(TorchDispatchMode):
-    """The most bytes one tensor an operator returns holds (the interpreter copies its arguments' storages as
-    bytes: counted in bytes, they compare with the dense bias's)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel() * t.element_size())
-        return out
-
-
 def test_never_holds_the_dense_bias():
     grid, batch, heads = (16, 16), 2, 2
     q, k, v, table_h, table_w = _leaves(grid, grid, batch, heads, 16, torch.float32)
     rel_h, rel_w = (t.detach().requires_grad_() for t in decomposed_terms(q, table_h, table_w, grid))
     dense = batch * heads * (grid[0] * grid[1]) ** 2 * 4  # bytes of the fp32 (B, H, N, K) bias
-    with _LargestBytes() as probe:  # the attention call and its backward (the terms' einsums are not the kernel's)
+    with _LargestTensor() as probe:  # the attention call and its backward (the terms' einsums are not the kernel's)
         decomposed_attention(q, k, v, rel_h, rel_w, impl="triton").sum().backward()
-    assert probe.largest <= dense / 16, (probe.largest, dense)  # one (B, H, N, d = 16) tensor
+    assert probe.largest_bytes <= dense / 16, (probe.largest_bytes, dense)  # one (B, H, N, d = 16) tensor
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v, rel_h, rel_w))
-    with _LargestBytes() as probe:
+    with _LargestTensor() as probe:
         decomposed_attention(q, k, v, rel_h, rel_w, impl="reference")
-    assert probe.largest >= dense  # the probe sees the reference's dense bias
+    assert probe.largest_bytes >= dense  # the probe sees the reference's dense bias
 
 
 def test_bad_inputs_are_refused_before_any_launch(monkeypatch):

@@ -48,26 +48,39 @@ def _rows(base, offs, ok, width, offs_d, D: tl.constexpr):
 
 
 @triton.jit
+def _query_block(Q, RH, RW, pid_m, bh, N, Kh, Kw, offs_d, D: tl.constexpr, BM: tl.constexpr):
+    """One program's query rows: their indices, which exist, the ``(BM, D_PAD)`` queries, and pointers to each row
+    of ``rel_h`` and ``rel_w``."""
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    rows_ok = offs_m < N
+    q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
+    return offs_m, rows_ok, q, RH + bh * N * Kh + offs_m * Kh, RW + bh * N * Kw + offs_m * Kw  # (BM,) pointers
+
+
+@triton.jit
+def _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, cols, Kw, scale, offs_d, offs_dv, D: tl.constexpr,
+              DV: tl.constexpr, PRECISION: tl.constexpr):
+    """Key row ``r``'s columns ``cols``: their keys ``(BN, D_PAD)``, values ``(BN, DV_PAD)`` and the tile's logits."""
+    cols_ok = cols < Kw
+    k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
+    v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
+    return k, v, _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, RH, RW, O, LSE, N, Kh, Kw, scale, D: tl.constexpr, DV: tl.constexpr,
                 D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    keys = Kh * Kw
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d, offs_dv, offs_c = tl.arange(0, D_PAD), tl.arange(0, DV_PAD), tl.arange(0, BN)
-    rows_ok = offs_m < N
-    q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
-    k_base, v_base = K + bh * keys * D, V + bh * keys * DV
-    rh_row, rw_row = RH + bh * N * Kh + offs_m * Kh, RW + bh * N * Kw + offs_m * Kw  # (BM,) pointers
+    offs_m, rows_ok, q, rh_row, rw_row = _query_block(Q, RH, RW, pid_m, bh, N, Kh, Kw, offs_d, D, BM)
+    k_base, v_base = K + bh * Kh * Kw * D, V + bh * Kh * Kw * DV
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV_PAD], tl.float32)
     for r in range(0, Kh):
-        for c0 in range(0, Kw, BN):
-            cols = c0 + offs_c  # (BN,) columns of key row r
-            cols_ok = cols < Kw
-            k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
-            v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
-            s = _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+        for c0 in range(0, Kw, BN):  # columns c0 + offs_c of key row r
+            k, v, s = _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, c0 + offs_c, Kw, scale, offs_d, offs_dv,
+                                D, DV, PRECISION)  # s: (BM, BN)
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a column < Kw
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])  # (BM, BN)
@@ -123,16 +136,12 @@ def _dq_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, N, Kh, Kw, scale, 
                DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                PRECISION: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    keys = Kh * Kw
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d, offs_dv, offs_c = tl.arange(0, D_PAD), tl.arange(0, DV_PAD), tl.arange(0, BN)
-    rows_ok = offs_m < N
-    q = _rows(Q + bh * N * D, offs_m, rows_ok, D, offs_d, D)  # (BM, D_PAD)
+    offs_m, rows_ok, q, rh_row, rw_row = _query_block(Q, RH, RW, pid_m, bh, N, Kh, Kw, offs_d, D, BM)
     do = _rows(DO + bh * N * DV, offs_m, rows_ok, DV, offs_dv, DV)  # (BM, DV_PAD)
     lse = tl.load(LSE + bh * N + offs_m, mask=rows_ok, other=0.0)
     delta = tl.load(DELTA + bh * N + offs_m, mask=rows_ok, other=0.0)
-    k_base, v_base = K + bh * keys * D, V + bh * keys * DV
-    rh_row, rw_row = RH + bh * N * Kh + offs_m * Kh, RW + bh * N * Kw + offs_m * Kw  # (BM,) pointers
+    k_base, v_base = K + bh * Kh * Kw * D, V + bh * Kh * Kw * DV
     drh_row, drw_row = DRH + bh * N * Kh + offs_m * Kh, DRW + bh * N * Kw + offs_m * Kw
     dq = tl.zeros([BM, D_PAD], tl.float32)
     for c0 in range(0, Kw, BN):
@@ -140,9 +149,8 @@ def _dq_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, N, Kh, Kw, scale, 
         cols_ok = cols < Kw
         drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows
         for r in range(0, Kh):
-            k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
-            v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
-            s = _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+            k, v, s = _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, cols, Kw, scale, offs_d, offs_dv,
+                                D, DV, PRECISION)  # s: (BM, BN)
             p = tl.where(rows_ok[:, None], tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
             ds = p * (dp - delta[:, None])  # (BM, BN)
