@@ -21,15 +21,13 @@ suite checks them against the ``"reference"`` path of :func:`relpos.encodings.de
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decomposed_triton"]
+from ._triton import INTERPRETED, _cdiv, _pow2, _precision  # the main kernel's: interpreter, arithmetic, dot precision
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # decided when triton.jit ran (import time)
+__all__ = ["decomposed_triton"]
 
 
 @triton.jit
@@ -162,21 +160,12 @@ def _dq_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, N, Kh, Kw, scale, 
              mask=rows_ok[:, None] & (offs_d[None, :] < D))
 
 
-def _pad(dim: int) -> int:
-    """A head dimension rounded up to a power of two of at least 16 (``tl.dot``'s smallest side)."""
-    return max(16, 1 << (dim - 1).bit_length())
-
-
 def _launch_options(kw: int) -> dict:
     """Tiles: (BM, BN) 16 x 16 under the interpreter (many tiles at test sizes), else 64 query rows and a column
     block that holds a whole key row up to 64 (SAM ViT-B's global layers: Kw = 64; a window of 14 pads to 16)."""
     if INTERPRETED:
         return {"BM": 16, "BN": 16}
-    return {"BM": 64, "BN": min(64, _pad(kw)), "num_warps": 4, "num_stages": 2}
-
-
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 multiplies in full fp32, as relpos's other kernels
+    return {"BM": 64, "BN": min(64, _pow2(kw)), "num_warps": 4, "num_stages": 2}
 
 
 class _DecomposedTriton(torch.autograd.Function):
@@ -188,8 +177,8 @@ class _DecomposedTriton(torch.autograd.Function):
         out = torch.empty(b, h, n, dv, dtype=q.dtype, device=q.device)  # (B, H, N, dv)
         lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)  # (B, H, N)
         opts = _launch_options(kw)
-        consts = {"D": d, "DV": dv, "D_PAD": _pad(d), "DV_PAD": _pad(dv), "PRECISION": _precision(q.dtype), **opts}
-        _fwd_kernel[(triton.cdiv(n, opts["BM"]), b * h)](q, k, v, rel_h, rel_w, out, lse, n, kh, kw, scale, **consts)
+        consts = {"D": d, "DV": dv, "D_PAD": _pow2(d), "DV_PAD": _pow2(dv), "PRECISION": _precision(q.dtype), **opts}
+        _fwd_kernel[(_cdiv(n, opts["BM"]), b * h)](q, k, v, rel_h, rel_w, out, lse, n, kh, kw, scale, **consts)
         ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
         ctx.scale, ctx.consts = scale, consts
         return out
@@ -205,10 +194,10 @@ class _DecomposedTriton(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         drh = torch.zeros(rel_h.shape, dtype=torch.float32, device=q.device)  # (B, H, N, Kh): atomic adds
         drw = torch.empty(rel_w.shape, dtype=torch.float32, device=q.device)  # (B, H, N, Kw)
-        n_cblocks = triton.cdiv(kw, consts["BN"])
+        n_cblocks = _cdiv(kw, consts["BN"])
         args = (q, k, v, rel_h, rel_w, grad_out, lse, delta)
         _dkdv_kernel[(kh * n_cblocks, b * h)](*args, dk, dv, n, kh, kw, n_cblocks, ctx.scale, **consts)
-        _dq_kernel[(triton.cdiv(n, consts["BM"]), b * h)](*args, dq, drh, drw, n, kh, kw, ctx.scale, **consts)
+        _dq_kernel[(_cdiv(n, consts["BM"]), b * h)](*args, dq, drh, drw, n, kh, kw, ctx.scale, **consts)
         return dq, dk, dv, drh.to(rel_h.dtype), drw.to(rel_w.dtype), None
 
 
