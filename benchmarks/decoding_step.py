@@ -7,15 +7,23 @@ time of one step (``generate`` of ``4 + steps`` tokens minus ``generate`` of 4, 
 operators it dispatches (each one a launch on a GPU), and how often it reads a value back to the host
 (``_local_scalar_dense``: on a GPU, a wait for the GPU). Variants run interleaved, round by round; medians.
 
+``--cache static`` decodes over transformers' static cache; ``--cache compiled-static`` also compiles the decoding
+step, as ``generate()`` does on CUDA, here with inductor on the CPU (``relpos.hf.bench.cpu_compile_config``:
+fullgraph, static shapes): each model compiles its two cache sizes while warming up, and the timed rounds run under
+``fail_on_recompile``, so no timed step recompiles or falls back to eager. A compiled step runs inductor's code, not
+torch operators one by one, so its operators and host reads are not counted ("-").
+
     python benchmarks/decoding_step.py                       # prints the table
     python benchmarks/decoding_step.py --json docs/benchmarks/gpu/decoding-step.json \\
         --markdown docs/benchmarks/gpu/decoding-step.md
+    python benchmarks/decoding_step.py --cache compiled-static --json docs/benchmarks/gpu/decoding-step-compiled.json
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
 import platform
 import shlex
@@ -76,18 +84,32 @@ def _inputs(family: str, batch: int, length: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _generate(model, inputs: dict, tokens: int) -> None:
+CACHES = ("dynamic", "static", "compiled-static")
+
+
+def _cache_options(cache: str) -> dict:
+    """``generate``'s keyword arguments for one of :data:`CACHES`."""
+    if cache == "dynamic":
+        return {}
+    if cache == "static":
+        return {"cache_implementation": "static"}
+    from relpos.hf.bench import cpu_compile_config
+
+    return {"cache_implementation": "static", "compile_config": cpu_compile_config()}
+
+
+def _generate(model, inputs: dict, tokens: int, options: dict) -> None:
     with torch.no_grad():
-        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **options)
 
 
-def _counted(model, inputs: dict, steps: int) -> tuple[float, float]:
+def _counted(model, inputs: dict, steps: int, options: dict) -> tuple[float, float]:
     """(operators, host reads) per step."""
     counts = []
     for tokens in (4 + steps, 4):
         ops = _Operators()
         with ops:
-            _generate(model, inputs, tokens)
+            _generate(model, inputs, tokens, options)
         counts.append(ops.counts)
     long, short = counts
     operators = (sum(long.values()) - sum(short.values())) / steps
@@ -95,26 +117,46 @@ def _counted(model, inputs: dict, steps: int) -> tuple[float, float]:
     return operators, reads
 
 
-def run(family: str, batch: int, length: int, steps: int, rounds: int) -> list[dict]:
+def run(family: str, batch: int, length: int, steps: int, rounds: int, cache: str = "dynamic") -> list[dict]:
     variants = _models(family)
     inputs = _inputs(family, batch, length)
+    options = _cache_options(cache)
+    compiled = "compile_config" in options
     samples = {name: [] for name in variants}
-    for model in variants.values():
-        _generate(model, inputs, 4)  # warm up
-    for _ in range(rounds):
-        for name, model in variants.items():
-            start = time.perf_counter()
-            _generate(model, inputs, 4 + steps)
-            middle = time.perf_counter()
-            _generate(model, inputs, 4)
-            end = time.perf_counter()
-            samples[name].append(((middle - start) - (end - middle)) / steps * 1e3)
+    with _compile_room(len(variants)) if compiled else contextlib.nullcontext():
+        for model in variants.values():
+            for tokens in (4 + steps, 4) if compiled else (4,):  # warm up (a compiled step: both cache sizes)
+                _generate(model, inputs, tokens, options)
+        with torch.compiler.set_stance("fail_on_recompile") if compiled else contextlib.nullcontext():
+            for _ in range(rounds):
+                for name, model in variants.items():
+                    start = time.perf_counter()
+                    _generate(model, inputs, 4 + steps, options)
+                    middle = time.perf_counter()
+                    _generate(model, inputs, 4, options)
+                    end = time.perf_counter()
+                    samples[name].append(((middle - start) - (end - middle)) / steps * 1e3)
     rows = []
     for name, model in variants.items():
-        operators, reads = _counted(model, inputs, steps)
-        rows.append({"family": family, "variant": name, "B": batch, "L": length, "step_ms": statistics.median(samples[name]),
-                     "operators": operators, "host_reads": reads})
+        operators, reads = (None, None) if compiled else _counted(model, inputs, steps, options)
+        rows.append({"family": family, "variant": name, "B": batch, "L": length, "cache": cache,
+                     "step_ms": statistics.median(samples[name]), "operators": operators, "host_reads": reads})
     return rows
+
+
+@contextlib.contextmanager
+def _compile_room(models: int):
+    """Dynamo's per-code-object recompile limit, raised so that every model's compiles fit (transformers' forward
+    wrappers are one code object for all the models: see relpos.hf.bench._compile_room), then restored."""
+    from relpos.hf.bench import ONE_MODEL_RECOMPILES
+
+    config = torch._dynamo.config
+    saved = config.recompile_limit
+    config.recompile_limit = max(saved, ONE_MODEL_RECOMPILES * models)
+    try:
+        yield
+    finally:
+        config.recompile_limit = saved
 
 
 def markdown(rows: list[dict]) -> str:
@@ -122,8 +164,9 @@ def markdown(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fastest = min(x["step_ms"] for x in rows if x["family"] == r["family"] and x["variant"].startswith("transformers"))
+        counted = "| - | - |" if r["operators"] is None else f"| {r['operators']:.0f} | {r['host_reads']:.0f} |"
         lines.append(f"| {r['family']} | {r['B']} | {r['L']} | {r['variant']} | {r['step_ms']:.2f} | "
-                     f"{fastest / r['step_ms']:.2f}x | {r['operators']:.0f} | {r['host_reads']:.0f} |")
+                     f"{fastest / r['step_ms']:.2f}x " + counted)
     return "\n".join(lines)
 
 
@@ -131,7 +174,11 @@ def page(payload: dict) -> str:
     """What ``--markdown`` writes (and ``tools/bench_tables.py`` renders from the committed JSON)."""
     return (f"relpos at {payload['commit']}; machine: {payload['machine']}, cpu, {payload['threads']} threads, torch "
             f"{payload['torch']}, transformers {payload['transformers']}; {payload['steps']} steps, {payload['rounds']} "
-            f"rounds\n\n{markdown(payload['rows'])}\n")
+            f"rounds{_CACHE_NOTES[payload.get('cache', 'dynamic')]}\n\n{markdown(payload['rows'])}\n")
+
+
+_CACHE_NOTES = {"dynamic": "", "static": "; static cache",
+                "compiled-static": "; static cache, the decoding step compiled (inductor, fullgraph, static shapes)"}
 
 
 def main() -> None:
@@ -141,6 +188,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512, help="prompt length")
     parser.add_argument("--steps", type=int, default=64, help="decoding steps timed")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cache", default="dynamic", choices=CACHES,
+                        help="the KV cache: dynamic (default), static, or static with the step compiled on the CPU")
     parser.add_argument("--json", help="also write the raw numbers here")
     parser.add_argument("--markdown", help="also write the table here (into the page's generated region)")
     args = parser.parse_args()
@@ -151,9 +200,10 @@ def main() -> None:
         parser.error(f"--families: unknown {', '.join(unknown)}; choose among t5, bloom")
     import transformers
 
-    rows = [row for family in families for row in run(family, args.batch, args.length, args.steps, args.rounds)]
+    rows = [row for family in families for row in run(family, args.batch, args.length, args.steps, args.rounds, args.cache)]
     payload = {"command": command, "commit": checkout_commit(Path(__file__).resolve().parents[1]), "machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "steps": args.steps, "rounds": args.rounds, "rows": rows}
+               "transformers": transformers.__version__, "steps": args.steps, "rounds": args.rounds, "cache": args.cache,
+               "rows": rows}
     text = page(payload)
     print(text, end="")
     write_report(payload, text, args.json, args.markdown, indent=1)

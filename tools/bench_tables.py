@@ -137,10 +137,10 @@ TABLES: list[Table] = [
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("", "-tiles")],
+      for run in ("", "-tiles", "-decomposed")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
       for run in ("-before-ramp", "-before-branch", "-triton3.9", "-backward-tiles")],
-    *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before")],
+    *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before", "-static", "-compiled")],
     *[Table("gpu/triton-host.md", f"gpu/triton-host{run}.json", triton_host_table) for run in ("", "-before")],
     *_same_name("t5-family", [
         "t5", "t5-target", "t5-layer", "umt5-target", "switch_transformers", "switch_transformers-grid",
@@ -148,11 +148,11 @@ TABLES: list[Table] = [
         "pix2struct-quiet", "pix2struct-grid-forward", "pix2struct-grid-generate", "pix2struct-grid-train",
         "pop2piano-quiet", "pop2piano-grid-forward", "pop2piano-grid-generate", "pop2piano-grid-train",
         "udop-quiet", "udop-grid-forward", "udop-grid-generate", "udop-grid-train-B1", "udop-grid-train-B4",
-        "udop-grid-train-dense", "t5-static"], model_tables),
+        "udop-grid-train-dense", "t5-static", "t5-static-compiled"], model_tables),
     *_same_name("alibi-families", [
         "bloom", "bloom-quiet", "bloom-grid", "mpt", "mpt-quiet", "mpt-quiet-forward", "mpt-grid-forward",
         "mpt-grid-generate", "mpt-grid-train", "falcon", "falcon-grid-forward", "falcon-grid-generate",
-        "falcon-grid-generate-short", "falcon-grid-train", "bloom-static"], model_tables),
+        "falcon-grid-generate-short", "falcon-grid-train", "bloom-static", "bloom-static-compiled"], model_tables),
     *_same_name("vision", ["swin", "swin-w8-train-quiet"], swin_tables),
     *[Table("vision/sam.md", "vision/sam.json", sam_table(mode), part=mode) for mode in ("forward", "train", "encoder", "window")],
     Table("encodings/timings.md", "encodings/timings.json", encodings_table),
@@ -186,6 +186,7 @@ def model_command(report: dict, table: Table) -> str:
              f"--lengths {_csv(c['lengths'])} --batches {_csv(c['batches'])} --modes {_csv(c['modes'])} --rounds {c['rounds']}",
              f"--d-model {c['d_model']} --heads {c['heads']} --layers {c['layers']}",
              *([f"--device {c['device']} --dtype {c['dtype']}"] if c.get("device", "cpu") != "cpu" else []),
+             *(["--compile-cpu"] if c.get("compile_cpu") else []),
              *([f"--memory-limit-gib {c['memory_limit_gib']:g}"] if c["memory_limit_gib"] != 14 else []), _paths(table)]
     return " ".join(words)
 

@@ -4,6 +4,7 @@ instruction mix of every loop, per kernel variant.
     python tools/kernel_anatomy.py                       # the variants below, for an H100 (sm_90), as a table
     python tools/kernel_anatomy.py --arch 80 --json out.json
     PYTHONPATH=/path/to/triton-3.6 python tools/kernel_anatomy.py   # the Triton the GPU machine runs
+    python tools/kernel_anatomy.py --decomposed          # SAM's decomposed-positions kernels instead
 
 Triton compiles for a CUDA target on a machine with no GPU (its wheel ships ptxas and cuobjdump): this script
 makes the CUDA target current with a stand-in driver, calls relpos's own launch code (``_launch_forward``,
@@ -296,6 +297,19 @@ def anatomy(variants=VARIANTS, arch: int = 90, blocks=None) -> list[dict]:
     return rows
 
 
+DECOMPOSED_VARIANT = "SAM ViT-B global layer (decomposed positions), bf16"
+
+
+def decomposed_anatomy(arch: int = 90) -> list[dict]:
+    """The rows of :func:`compile_decomposed`'s kernels (``--decomposed``), as :func:`anatomy`'s."""
+    try:
+        kernels = compile_decomposed(arch)
+    except Exception as error:  # noqa: BLE001 - the report names what does not compile
+        return [{"variant": DECOMPOSED_VARIANT, "tile": "its own", "kernel": "-", "error": f"{type(error).__name__}: {error}"[:300]}]
+    return [{"variant": DECOMPOSED_VARIANT, "tile": "its own", "kernel": name.strip("_").removeprefix("decomposed_"),
+             **resources(kernel, arch)} for name, kernel in kernels]
+
+
 def _tile_name(blocks) -> str:
     """What ``blocks`` changes from ``GPU_BLOCKS[64]``, e.g. ``dq 64x32, 4 warps, 3 stages``."""
     from relpos.backends import _triton
@@ -374,8 +388,13 @@ def main(argv: list[str] | None = None) -> int:
                              "default; split: the flat blocks in their own launch), dkdv, dq); repeat to compare tiles "
                              "(default: GPU_BLOCKS)")
     parser.add_argument("--only", nargs="*", default=None, metavar="VARIANT", help="variant names to compile (default: all)")
+    parser.add_argument("--decomposed", action="store_true",
+                        help="the decomposed-positions kernels (SAM's global layers, relpos.backends._triton_decomposed) "
+                             "instead of the variants")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    if args.decomposed and (args.only is not None or args.tiles):
+        parser.error("--decomposed compiles the decomposed kernels at their own tiles: drop --only and --tile")
     names = [v.name for v in VARIANTS]
     unknown = [n for n in args.only or () if n not in names]
     if unknown:
@@ -385,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     from relpos._measure import checkout_commit
 
     variants = [v for v in VARIANTS if args.only is None or v.name in args.only]
-    rows = [row for blocks in args.tiles or [None] for row in anatomy(variants, args.arch, blocks)]
+    if args.decomposed:
+        rows = decomposed_anatomy(args.arch)
+    else:
+        rows = [row for blocks in args.tiles or [None] for row in anatomy(variants, args.arch, blocks)]
     payload = {"triton": triton.__version__, "arch": args.arch, "commit": checkout_commit(Path(__file__).resolve().parents[1]),
                "command": shlex.join(["python", "tools/kernel_anatomy.py", *argv]), "rows": rows}
     print(page(payload))

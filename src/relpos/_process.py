@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ._checks import check_int
 
-__all__ = ["close_process_group", "exit_process"]
+__all__ = ["close_process_group", "exit_process", "finish"]
 
 
 def close_process_group(clean: bool = True) -> None:
@@ -46,3 +46,11 @@ def exit_process(code: int = 0) -> NoReturn:
         if stream is not None:
             stream.flush()
     os._exit(code)
+
+
+def finish(code: int) -> NoReturn:
+    """End a command-line run (the ``relpos`` console script, ``python -m relpos.experiment``) with ``code``: under
+    torchrun (``WORLD_SIZE`` > 1) by :func:`exit_process`, without teardown; otherwise by ``SystemExit``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_process(code)
+    raise SystemExit(code)

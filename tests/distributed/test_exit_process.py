@@ -94,3 +94,36 @@ def test_exit_process_ends_the_group_before_exiting(tmp_path, monkeypatch):
         if dist.is_initialized():
             dist.destroy_process_group()
     assert calls == ["barrier", ("exit", 7, False)]  # the group was gone before the exit
+
+
+@pytest.mark.parametrize("world, exits", [("2", True), ("1", False), (None, False)])
+def test_command_line_runs_end_without_teardown_only_under_torchrun(world, exits, monkeypatch, capsys):
+    """The ``relpos`` console script (and ``python -m relpos.experiment``, which shares ``finish``): under torchrun
+    (WORLD_SIZE > 1) it ends by exit_process with main's code; on one process by SystemExit, as any script."""
+    import relpos._process as process
+    from relpos.tools import cli
+
+    ended = []
+
+    def exit_process(code):
+        ended.append(code)
+        raise SystemExit(f"exit_process({code})")  # stands in for os._exit: this test process goes on
+
+    monkeypatch.setattr(process, "exit_process", exit_process)
+    monkeypatch.setattr(sys, "argv", ["relpos", "buckets", "--json"])
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(SystemExit) as info:
+        cli.console()
+    assert '"max_exact": 8' in capsys.readouterr().out  # main ran first
+    assert (ended, info.value.code) == (([0], "exit_process(0)") if exits else ([], 0))
+
+
+def test_the_console_script_is_the_ending_one():
+    """pyproject's ``relpos`` script is cli.console (the torchrun ending), not cli.main."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"] == {"relpos": "relpos.tools.cli:console"}

@@ -390,6 +390,41 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     assert all(r["ms"] > 0 for r in results) and "### generate" in tables and "### generate_static" in tables
 
 
+def test_model_benchmark_compiles_static_generation_on_the_cpu_only_when_asked():
+    """--compile-cpu: generate_static hands generate() an inductor CompileConfig forced onto the CPU (fullgraph, static
+    shapes, as transformers' compiled-generation test); without it, or for another mode, generate() gets only its cache
+    option; on CUDA generate() compiles by itself. (The compiled run is timed in docs/benchmarks/t5-family, not here.)"""
+    from relpos.hf.bench import ModelBenchConfig, _generate_options, _step
+
+    compiled = _generate_options("generate_static", ModelBenchConfig(compile_cpu=True))
+    config = compiled["compile_config"]
+    assert compiled["cache_implementation"] == "static" and config._compile_all_devices is True
+    assert (config.backend, config.fullgraph, config.dynamic, config.mode) == ("inductor", True, False, "default")
+    assert _generate_options("generate_static", ModelBenchConfig()) == {"cache_implementation": "static"}
+    assert _generate_options("generate", ModelBenchConfig(compile_cpu=True)) == {}
+    seen = []
+
+    class Model:
+        def generate(self, **kwargs):
+            seen.append(kwargs)
+
+    _step("generate_static", Model(), {"input_ids": 1}, 3, False, compiled)()
+    assert seen == [{"input_ids": 1, "max_new_tokens": 3, "min_new_tokens": 3, "do_sample": False, **compiled}]
+
+
+@pytest.mark.parametrize("argv, named", [(["--modes", "generate"], "--modes generate"),
+                                         (["--modes", "generate_static", "--device", "cuda"], "--device cuda")])
+def test_model_benchmark_refuses_compile_cpu_where_it_does_nothing(argv, named, tmp_path, capsys, monkeypatch):
+    from relpos.hf.bench import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the device check passes; the option is refused
+    with pytest.raises(SystemExit) as exit_:
+        main(["--compile-cpu", *argv, "--json", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and not (tmp_path / "x.json").exists()
+    assert "--compile-cpu" in err and named in err and "add generate_static to --modes and run on the CPU" in err
+
+
 def test_model_benchmark_refuses_static_generation_for_a_family_without_it(tmp_path, capsys):
     """transformers' MPT has no static-cache generation: the benchmark refuses the mode before any work."""
     from relpos.hf.bench import main

@@ -1,11 +1,6 @@
 """``python -m relpos.experiment [tasks] ...``: the experiment without the ``relpos`` launcher (torchrun)."""
 
-import os
-
-from .._process import exit_process
+from .._process import finish
 from .cli import main
 
-code = main()
-if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun's processes end without teardown (relpos._process: why)
-    exit_process(code)
-raise SystemExit(code)
+finish(main())  # under torchrun without teardown (relpos._process: why)

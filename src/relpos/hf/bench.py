@@ -42,7 +42,7 @@ from .._progress import Progress
 from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from .api import accelerate
 
-__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "run_model_bench", "markdown", "report_markdown"]
+__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "cpu_compile_config", "run_model_bench", "markdown", "report_markdown"]
 
 MODES = ("forward", "train", "generate", "generate_static", "layer")
 DEFAULT_MODES = ("forward", "train", "generate", "layer")
@@ -67,6 +67,7 @@ class ModelBenchConfig:
     memory_limit_gib: float = 14.0
     device: str = "cpu"
     dtype: str = "float32"
+    compile_cpu: bool = False  # generate_static compiles its decoding step on the CPU too (inductor)
 
     @property
     def cuda(self) -> bool:
@@ -275,7 +276,29 @@ def _output(out):
     return out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out.logits
 
 
-def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool):
+def _generate_options(mode: str, config: ModelBenchConfig) -> dict:
+    """``generate``'s cache options: none for ``generate``; a static cache for ``generate_static``, which
+    ``generate()`` compiles itself on CUDA (``mode="reduce-overhead"``) and leaves uncompiled on the CPU unless
+    ``config.compile_cpu``: then with :func:`cpu_compile_config`."""
+    if mode != "generate_static":
+        return {}
+    if not config.compile_cpu or config.cuda:
+        return {"cache_implementation": "static"}
+    return {"cache_implementation": "static", "compile_config": cpu_compile_config()}
+
+
+def cpu_compile_config():
+    """transformers' ``CompileConfig`` for a static-cache decoding step compiled on the CPU: inductor,
+    ``fullgraph=True`` (a graph break raises instead of running eagerly), ``dynamic=False``, forced onto the CPU
+    (``generate()`` compiles only on CUDA otherwise), as transformers' own compiled-generation test does."""
+    import transformers
+
+    config = transformers.CompileConfig(fullgraph=True, dynamic=False, backend="inductor", mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool, options: dict | None = None):
     if mode == "train":
 
         def run():
@@ -283,11 +306,11 @@ def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool):
             _output(model(**kwargs)).sum().backward()
 
     elif mode in GENERATING:
-        static = {"cache_implementation": "static"} if mode == "generate_static" else {}  # compiled on CUDA by generate()
+        options = options or {}  # _generate_options
 
         def run():
             with torch.no_grad():
-                model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **static)
+                model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **options)
 
     else:
 
@@ -399,7 +422,7 @@ def _run_grid(config, builder, modes, names, progress, results, report, on_point
                 for name, model in models.items():
                     if _fits(name, mode, batch, length, config):
                         floor = name == "no_bias_floor" and builder.alibi
-                        variants[name] = _step(mode, model, kwargs, config.new_tokens, floor)
+                        variants[name] = _step(mode, model, kwargs, config.new_tokens, floor, _generate_options(mode, config))
                     else:
                         results.append({"mode": mode, "batch": batch, "length": length, "variant": name,
                                         "ms": None, "peak_mib": None, "note": "skipped: over the memory limit"})
@@ -457,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"comma-separated, among {', '.join(MODES)} (default: all but generate_static)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (median)")
+    parser.add_argument("--compile-cpu", action="store_true",
+                        help="generate_static compiles the decoding step on the CPU too (inductor, fullgraph; "
+                             "generate() compiles it only on CUDA)")
     add_device_arguments(parser)
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--markdown", help="write the tables here")
@@ -468,10 +494,14 @@ def main(argv: list[str] | None = None) -> int:
         device = device_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.compile_cpu and ("generate_static" not in modes or is_cuda(device["device"])):
+        parser.error(f"--compile-cpu compiles generate_static's decoding step on the CPU; got --modes {args.modes} and "
+                     f"--device {device['device']}: add generate_static to --modes and run on the CPU (on CUDA "
+                     "generate() compiles it itself)")
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
-        **device,
+        compile_cpu=args.compile_cpu, **device,
     )
     try:
         report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
@@ -490,6 +520,8 @@ def report_markdown(report: dict) -> str:
                        f"{machine['cpus']} threads", f"torch {machine['torch']}", f"transformers {machine['transformers']}"])
     header = (f"family {c['family']}, d_model {c['d_model']}, {c['heads']} heads, {c['layers']} layers; " if "family" in c else "") \
         + f"machine: {where}"
+    if c.get("compile_cpu"):
+        header += "; generate_static's decoding step compiled on the CPU (inductor, fullgraph, static shapes)"
     if not report.get("complete", True):
         header += "\n\n**Partial**: the run was stopped before every point of the grid (missing points read \"skipped\")."
     return header + "\n\n" + markdown(report)

@@ -192,5 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"relpos {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}\n")
 
 
+def console() -> None:
+    """The ``relpos`` console script: :func:`main`, then under torchrun (``WORLD_SIZE`` > 1, ``relpos experiment``
+    on several processes) the exit without interpreter teardown that gloo needs (``relpos._process``: why)."""
+    from .._process import finish
+
+    finish(main())
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()
