@@ -4,11 +4,13 @@ The logit of query ``i`` and key ``j = y' Kw + x'`` (keys in raster order on a `
 
     s[i, j] = scale * q_i . k_j + rel_h[i, y'] + rel_w[i, x']
 
-The kernels visit the keys as the grid they are: a key row ``y'``, then a block of ``BN`` of its columns. In
-every such tile ``rel_h`` adds one value per query row and ``rel_w`` a ``(BM, BN)`` block read contiguously, so
-the ``(N, K)`` bias never exists, in the forward or the backward:
+The kernels visit the keys as the grid they are: a block of ``BN`` columns, then every key row ``y'`` of them. In
+every such tile ``rel_h`` adds one value per query row and ``rel_w`` a ``(BM, BN)`` block, read once per column
+block (the same for every row), so the ``(N, K)`` bias never exists, in the forward or the backward:
 
-* forward: online softmax in fp32 over the tiles, the log-sum-exp kept for the backward;
+* forward: online softmax in fp32 over the tiles, in base 2 (the logits scaled by ``log2(e)`` as they are formed,
+  ``exp2`` for the weights), the base-2 log-sum-exp kept for the backward; the inner loop runs over
+  the key rows (``Kh`` steps: 64 for SAM ViT-B's global layers), which Triton's pipeliner overlaps;
 * ``dk, dv``: one program per key tile (a row's column block), looping over the query blocks;
 * ``dq, d rel_h, d rel_w``: one program per query block, looping over column blocks, then over the rows, so
   ``d rel_w``'s ``(BM, BN)`` block sums in registers over the rows and is stored once; ``d rel_h[i, y']`` gets
@@ -25,18 +27,26 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import INTERPRETED, _cdiv, _pow2, _precision  # the main kernel's: interpreter, arithmetic, dot precision
+from ._triton import _LOG2E, INTERPRETED, _cdiv, _pow2, _precision  # the main kernel's: interpreter, arithmetic, dot precision
 
 __all__ = ["decomposed_triton"]
 
 
 @triton.jit
-def _scores(q, k, rh_ptrs, rw_ptrs, rows_ok, cols_ok, scale, PRECISION: tl.constexpr):
-    """(BM, BN) logits of one tile: ``scale q.k + rel_h[i, y'] + rel_w[i, x']``; ``-inf`` on columns past Kw."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BM, BN)
-    bh = tl.load(rh_ptrs, mask=rows_ok, other=0.0).to(tl.float32)  # (BM,): one key row's rel_h
-    bw = tl.load(rw_ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0).to(tl.float32)  # (BM, BN)
-    return tl.where(cols_ok[None, :], s + bh[:, None] + bw, float("-inf"))
+def _rel_w_block(rw_ptrs, rows_ok, cols_ok):
+    """(BM, BN) ``rel_w[i, x']`` of one column block, in its storage dtype, ``-inf`` on columns past Kw (so a tile's
+    logits need no column mask): the same block serves every key row of those columns."""
+    bw = tl.load(rw_ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+    return tl.where(cols_ok[None, :], bw, float("-inf"))
+
+
+@triton.jit
+def _scores(q, k, rh_ptrs, bw, rows_ok, scale, PRECISION: tl.constexpr):
+    """(BM, BN) logits of one tile in base 2, ``log2(e) (scale q.k + rel_h[i, y'] + rel_w[i, x'])`` (``bw``:
+    :func:`_rel_w_block`): two fused multiply-adds per score, and ``exp2`` of them needs no multiply."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * _LOG2E)  # (BM, BN)
+    bh = tl.load(rh_ptrs, mask=rows_ok, other=0.0).to(tl.float32) * _LOG2E  # (BM,): one key row's rel_h
+    return s + bh[:, None] + bw.to(tl.float32) * _LOG2E
 
 
 @triton.jit
@@ -56,13 +66,12 @@ def _query_block(Q, RH, RW, pid_m, bh, N, Kh, Kw, offs_d, D: tl.constexpr, BM: t
 
 
 @triton.jit
-def _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, cols, Kw, scale, offs_d, offs_dv, D: tl.constexpr,
+def _key_tile(q, k_base, v_base, rh_row, bw, rows_ok, r, cols, cols_ok, Kw, scale, offs_d, offs_dv, D: tl.constexpr,
               DV: tl.constexpr, PRECISION: tl.constexpr):
     """Key row ``r``'s columns ``cols``: their keys ``(BN, D_PAD)``, values ``(BN, DV_PAD)`` and the tile's logits."""
-    cols_ok = cols < Kw
     k = _rows(k_base, r * Kw + cols, cols_ok, D, offs_d, D)  # (BN, D_PAD)
     v = _rows(v_base, r * Kw + cols, cols_ok, DV, offs_dv, DV)  # (BN, DV_PAD)
-    return k, v, _scores(q, k, rh_row + r, rw_row[:, None] + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
+    return k, v, _scores(q, k, rh_row + r, bw, rows_ok, scale, PRECISION)
 
 
 @triton.jit
@@ -75,20 +84,23 @@ def _fwd_kernel(Q, K, V, RH, RW, O, LSE, N, Kh, Kw, scale, D: tl.constexpr, DV: 
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV_PAD], tl.float32)
-    for r in range(0, Kh):
-        for c0 in range(0, Kw, BN):  # columns c0 + offs_c of key row r
-            k, v, s = _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, c0 + offs_c, Kw, scale, offs_d, offs_dv,
+    for c0 in range(0, Kw, BN):  # columns c0 + offs_c of every key row: rel_w read once for all of them
+        cols = c0 + offs_c
+        cols_ok = cols < Kw
+        bw = _rel_w_block(rw_row[:, None] + cols[None, :], rows_ok, cols_ok)  # (BM, BN)
+        for r in range(0, Kh):  # the inner loop runs over the rows (Kh steps), so its loads are pipelined
+            k, v, s = _key_tile(q, k_base, v_base, rh_row, bw, rows_ok, r, cols, cols_ok, Kw, scale, offs_d, offs_dv,
                                 D, DV, PRECISION)  # s: (BM, BN)
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a column < Kw
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])  # (BM, BN)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])  # (BM, BN)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (BM, DV_PAD)
             m_i = m_new
     out = acc / l_i[:, None]
     tl.store(O + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
              mask=rows_ok[:, None] & (offs_dv[None, :] < DV))
-    tl.store(LSE + bh * N + offs_m, m_i + tl.log(l_i), mask=rows_ok)
+    tl.store(LSE + bh * N + offs_m, m_i + tl.log2(l_i), mask=rows_ok)  # base 2: only the backward reads it
 
 
 @triton.jit
@@ -115,9 +127,9 @@ def _dkdv_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DK, DVAL, N, Kh, Kw, n_cblocks
             do = _rows(DO + bh * N * DV, offs_m, rows_ok, DV, offs_dv, DV)  # (BM, DV_PAD)
             lse = tl.load(LSE + bh * N + offs_m, mask=rows_ok, other=0.0)  # (BM,)
             delta = tl.load(DELTA + bh * N + offs_m, mask=rows_ok, other=0.0)
-            s = _scores(q, k, RH + bh * N * Kh + offs_m * Kh + r,
-                        RW + bh * N * Kw + offs_m[:, None] * Kw + cols[None, :], rows_ok, cols_ok, scale, PRECISION)
-            p = tl.where(rows_ok[:, None], tl.exp(s - lse[:, None]), 0.0)  # (BM, BN): the forward's weights
+            bw = _rel_w_block(RW + bh * N * Kw + offs_m[:, None] * Kw + cols[None, :], rows_ok, cols_ok)  # (BM, BN)
+            s = _scores(q, k, RH + bh * N * Kh + offs_m * Kh + r, bw, rows_ok, scale, PRECISION)
+            p = tl.where(rows_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)  # (BM, BN): the forward's weights
             dv = tl.dot(tl.trans(p).to(do.dtype), do, dv, input_precision=PRECISION)  # (BN, DV_PAD)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
             ds = p * (dp - delta[:, None])  # (BM, BN): d logits
@@ -147,9 +159,11 @@ def _dq_kernel(Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, N, Kh, Kw, scale, 
         cols_ok = cols < Kw
         drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows
         for r in range(0, Kh):
-            k, v, s = _key_tile(q, k_base, v_base, rh_row, rw_row, rows_ok, r, cols, Kw, scale, offs_d, offs_dv,
+            # rel_w read per tile: held across the rows beside drw it spills dq's registers (255, Triton 3.9)
+            bw = _rel_w_block(rw_row[:, None] + cols[None, :], rows_ok, cols_ok)  # (BM, BN)
+            k, v, s = _key_tile(q, k_base, v_base, rh_row, bw, rows_ok, r, cols, cols_ok, Kw, scale, offs_d, offs_dv,
                                 D, DV, PRECISION)  # s: (BM, BN)
-            p = tl.where(rows_ok[:, None], tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
+            p = tl.where(rows_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BM, BN)
             ds = p * (dp - delta[:, None])  # (BM, BN)
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)  # (BM, D_PAD)
@@ -168,6 +182,12 @@ def _launch_options(kw: int) -> dict:
     return {"BM": 64, "BN": min(64, _pow2(kw)), "num_warps": 4, "num_stages": 2}
 
 
+#: dq's software pipeline: 3 stages. At SAM ViT-B's size in bf16 (tools/kernel_anatomy.py --decomposed) dq sits at the
+#: register ceiling: with 2 stages Triton 3.6 (the GPU machine's) spills 40 bytes (255 registers), with 3 neither 3.6
+#: nor 3.9 spills (254 / 255), and 1 stage (245) gives up the overlap of its loads; 2 blocks per SM in each case.
+DQ_STAGES = 3
+
+
 class _DecomposedTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, scale):
@@ -175,7 +195,7 @@ class _DecomposedTriton(torch.autograd.Function):
         kh, kw, dv = rel_h.shape[-1], rel_w.shape[-1], v.shape[-1]
         q, k, v, rel_h, rel_w = (t.contiguous() for t in (q, k, v, rel_h, rel_w))
         out = torch.empty(b, h, n, dv, dtype=q.dtype, device=q.device)  # (B, H, N, dv)
-        lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)  # (B, H, N)
+        lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)  # (B, H, N): base 2
         opts = _launch_options(kw)
         consts = {"D": d, "DV": dv, "D_PAD": _pow2(d), "DV_PAD": _pow2(dv), "PRECISION": _precision(q.dtype), **opts}
         _fwd_kernel[(_cdiv(n, opts["BM"]), b * h)](q, k, v, rel_h, rel_w, out, lse, n, kh, kw, scale, **consts)
@@ -197,7 +217,8 @@ class _DecomposedTriton(torch.autograd.Function):
         n_cblocks = _cdiv(kw, consts["BN"])
         args = (q, k, v, rel_h, rel_w, grad_out, lse, delta)
         _dkdv_kernel[(kh * n_cblocks, b * h)](*args, dk, dv, n, kh, kw, n_cblocks, ctx.scale, **consts)
-        _dq_kernel[(_cdiv(n, consts["BM"]), b * h)](*args, dq, drh, drw, n, kh, kw, ctx.scale, **consts)
+        _dq_kernel[(_cdiv(n, consts["BM"]), b * h)](*args, dq, drh, drw, n, kh, kw, ctx.scale,
+                                                    **(consts if INTERPRETED else consts | {"num_stages": DQ_STAGES}))
         return dq, dk, dv, drh.to(rel_h.dtype), drw.to(rel_w.dtype), None
 
 
