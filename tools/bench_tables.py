@@ -137,7 +137,9 @@ TABLES: list[Table] = [
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
     *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("", "-tiles", "-decomposed")],
+      for run in ("", "-tiles")],
+    *[Table("gpu/kernel-anatomy-decomposed.md", f"gpu/kernel-anatomy-decomposed{run}.json", kernel_anatomy_table)
+      for run in ("", "-before")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
       for run in ("-before-ramp", "-before-branch", "-triton3.9", "-backward-tiles")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before", "-static", "-compiled")],
@@ -343,6 +345,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "blocks per SM and each loop's instructions, per variant and tile shape",
     "gpu/kernel-anatomy-compare.md": "the same, for the kernel the GPU last timed, the backward before its branches, "
     "with Triton 3.9 (CI's) and dk/dv with 8 warps",
+    "gpu/kernel-anatomy-decomposed.md": "SAM's decomposed-positions Triton kernels compiled for an H100, without a GPU, "
+                                        "now and before their loop order, base-2 logits and dq stages changed",
     "gpu/decoding-step.md": "the host's share of a T5 and a Bloom decoding step (time, operators, reads back), "
                             "relpos against transformers, measured on the CPU",
     "gpu/triton-host.md": "the CPU time of one Triton-route attention call before its kernels start (relpos's Python, "
@@ -352,6 +356,8 @@ DESCRIPTIONS: dict[str, str] = {
     "t5-family/t5.md": "T5: the grid, L 512 to 4096, B 1 and 4",
     "t5-family/t5-target.md": "T5: the target point, L 2048, B 2",
     "t5-family/t5-static.md": "T5: greedy generation with the dynamic and the static cache (uncompiled, CPU), L 512 and 1024",
+    "t5-family/t5-static-compiled.md": "T5: greedy generation, the static cache's decoding step compiled (inductor, CPU), "
+                                       "L 512 and 1024",
     "t5-family/t5-layer.md": "T5: one layer, L 4096, B 2",
     "t5-family/umt5-target.md": "UMT5: the target point, L 2048, B 2",
     "t5-family/switch_transformers.md": "SwitchTransformers: the target point, quiet machine",
@@ -379,6 +385,8 @@ DESCRIPTIONS: dict[str, str] = {
     "alibi-families/bloom-quiet.md": "Bloom: the target point, quiet machine, 2 threads",
     "alibi-families/bloom-grid.md": "Bloom: the grid, a loaded run",
     "alibi-families/bloom-static.md": "Bloom: greedy generation with the dynamic and the static cache (uncompiled, CPU), L 512 and 1024",
+    "alibi-families/bloom-static-compiled.md": "Bloom: greedy generation, the static cache's decoding step compiled "
+                                               "(inductor, CPU), L 512 and 1024",
     "alibi-families/mpt.md": "MPT: the target point, one thread, loaded machine",
     "alibi-families/mpt-quiet.md": "MPT: the target point, quiet machine, 2 rounds",
     "alibi-families/mpt-quiet-forward.md": "MPT: the target point's forward, quiet machine, 7 rounds",

@@ -136,7 +136,9 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import kernel_anatomy
 rows = {name: kernel_anatomy.resources(kernel) for name, kernel in kernel_anatomy.compile_decomposed()}
-print(json.dumps({name: {k: v for k, v in row.items() if k != "loops"} | {"hgmma": sum(l["HGMMA"] for l in row["loops"])}
+print(json.dumps({name: {k: v for k, v in row.items() if k != "loops"} | {"hgmma": sum(l["HGMMA"] for l in row["loops"]),
+                  "tile_fp32": sum(row["loops"][-1][op] for op in ("FFMA", "FADD", "FMUL")),
+                  "tile_loads": row["loops"][-1]["LDG"] + row["loops"][-1]["LDGSTS"]}
                   for name, row in rows.items()}))
 """
 
@@ -154,3 +156,8 @@ def test_decomposed_kernels_compile_for_an_h100_without_spills():
     for name, row in rows.items():
         assert row["ptxas_log"] and not row["wgmma_serialized"], name
         assert row["spill_bytes"] == 0 and row["registers"] <= 255 and row["hgmma"] > 0, (name, row)
+    # the forward's tile loop (its last: over the key rows of one column block), 32 scores per thread: base-2 logits
+    # (two FMAs a score) and rel_w read once per column block keep it at 168 FP32 instructions and 10 loads with
+    # Triton 3.6 and 3.9 (268 and 12 with exp and rel_w read per tile: docs/benchmarks/gpu/kernel-anatomy-decomposed.md)
+    forward = rows["decomposed_fwd_kernel"]
+    assert forward["tile_fp32"] <= 6 * 32 and forward["tile_loads"] <= 10 and forward["blocks_per_sm"] >= 3, forward
