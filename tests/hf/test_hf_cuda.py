@@ -1,4 +1,5 @@
-"""relpos.hf.accelerate on a CUDA GPU: T5, the ALiBi families, SAM / ViTDet and Swin against transformers' own models there.
+"""relpos.hf.accelerate on a CUDA GPU: the T5 families, the ALiBi families, SAM / ViTDet and Swin against transformers'
+own models there.
 
 The same weights on the same GPU; transformers' model runs its default attention (sdpa where it
 has one). Every test carries the ``gpu`` marker and skips without CUDA (CI has none; docs/testing.md
@@ -14,6 +15,11 @@ transformers = pytest.importorskip("transformers")
 
 import hf_checks  # noqa: E402
 import test_hf_sam as sam_models  # noqa: E402  (tests/hf/test_hf_sam.py's tiny SAM, SAM-HQ and ViTDet)
+import test_hf_longt5 as longt5_models  # noqa: E402  (each T5 family's tiny config and padded inputs, as on the CPU)
+import test_hf_pix2struct as pix2struct_models  # noqa: E402
+import test_hf_pop2piano as pop2piano_models  # noqa: E402
+import test_hf_switch_transformers as switch_models  # noqa: E402
+import test_hf_udop as udop_models  # noqa: E402
 import relpos.hf as rh  # noqa: E402
 
 pytestmark = [
@@ -70,6 +76,78 @@ def test_t5_greedy_generation_step_logits_on_cuda():
 def test_t5_bf16_on_cuda_within_twice_transformers_error():
     reference, accelerated = t5_pair()
     hf_checks.bf16_within_twice_transformers_error(reference, accelerated, on_cuda(hf_checks.padded_seq2seq(VOCAB)))
+
+
+def _t5_family_model(family: str, head_dim: int):
+    """transformers' tiny model of one T5 family (the CPU tests' configs), random weights, head dim ``head_dim``."""
+    t = transformers
+    kv = {"d_kv": head_dim}
+    build = {
+        "mt5": lambda: t.MT5ForConditionalGeneration(t.MT5Config(**T5_SMALL | kv)),
+        "umt5": lambda: t.UMT5ForConditionalGeneration(t.UMT5Config(**T5_SMALL | kv)),
+        "switch_transformers": lambda: t.SwitchTransformersForConditionalGeneration(
+            t.SwitchTransformersConfig(**switch_models.SMALL | kv)),
+        "longt5-local": lambda: t.LongT5ForConditionalGeneration(t.LongT5Config(**longt5_models.SMALL | kv)),
+        "longt5-transient-global": lambda: t.LongT5ForConditionalGeneration(t.LongT5Config(
+            **longt5_models.SMALL | kv, encoder_attention_type="transient-global")),
+        "pix2struct": lambda: t.Pix2StructForConditionalGeneration(t.Pix2StructConfig(  # its widths follow d_kv
+            text_config=pix2struct_models.TEXT | kv | {"hidden_size": 4 * head_dim},
+            vision_config=pix2struct_models.VISION | kv | {"hidden_size": 4 * head_dim})),
+        "pop2piano": lambda: t.Pop2PianoForConditionalGeneration(t.Pop2PianoConfig(**pop2piano_models.SMALL | kv)),
+        "udop": lambda: t.UdopForConditionalGeneration(t.UdopConfig(**udop_models.SMALL | kv)),
+    }[family]
+    torch.manual_seed(0)
+    model = build()
+    if family == "pop2piano":
+        model.generation_config.composer_to_feature_token = {f"composer{i}": 90 + i for i in range(1, 5)}  # a checkpoint's
+    return model
+
+
+def _t5_family_inputs(family: str, kernel: bool) -> dict:
+    """The family's padded training batch (right and left padding, padded labels) as its CPU test builds it, or
+    (``kernel``) 512 tokens and 512 target tokens (Pix2Struct: 512 target tokens; its vision encoder has no bias)."""
+    if family == "pix2struct":
+        return pix2struct_models.patches(target=512) if kernel else pix2struct_models.patches()
+    build = {"longt5": longt5_models.padded, "pop2piano": pop2piano_models.padded,
+             "udop": udop_models.padded}.get(family.split("-")[0], lambda **size: hf_checks.padded_seq2seq(VOCAB, **size))
+    return build(length=512, target=512) if kernel else build()
+
+
+T5_FAMILIES = ["mt5", "umt5", "switch_transformers", "longt5-local", "longt5-transient-global", "pix2struct",
+               "pop2piano", "udop"]
+
+
+def t5_family_case(family: str, size: str = "small"):
+    """(transformers' model on the GPU, an accelerated copy, CUDA inputs): small (head dim 8, the CPU tests' batch:
+    one SDPA call per attention) or kernel (head dim 16, 512 and 512 tokens, B = 3: 3M scores per call, past the
+    size where ``auto`` takes the Triton kernel on CUDA)."""
+    kernel = size == "kernel"
+    reference, accelerated = hf_checks.make_pair(_t5_family_model(family, 16 if kernel else 8).to(CUDA))
+    return reference, accelerated, on_cuda(_t5_family_inputs(family, kernel))
+
+
+@pytest.mark.parametrize("family", T5_FAMILIES)
+@pytest.mark.parametrize("size", ["small", "kernel"])
+def test_t5_families_logits_loss_and_every_gradient_on_cuda(family, size):
+    """mT5, UMT5, Switch, LongT5 (both encoder attentions), Pix2Struct, Pop2Piano, UDOP on the GPU: outputs, loss and
+    every parameter's gradient (the bias tables' among them) within 1e-4 of transformers' (fp32), and the bias
+    matters far beyond that."""
+    reference, accelerated, inputs = t5_family_case(family, size)
+    hf_checks.forward_loss_and_gradients(reference, accelerated, inputs)
+    hf_checks.bias_matters(accelerated, inputs)
+
+
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_families_greedy_generation_step_logits_on_cuda(family):
+    reference, accelerated, inputs = t5_family_case(family)
+    prompt = {k: v for k, v in inputs.items() if k not in ("labels", "decoder_attention_mask")}
+    hf_checks.generate_equal(reference, accelerated, prompt, samplers=False)
+
+
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_families_bf16_on_cuda_within_twice_transformers_error(family):
+    reference, accelerated, inputs = t5_family_case(family)
+    hf_checks.bf16_within_twice_transformers_error(reference, accelerated, inputs)
 
 
 def alibi_batch():
