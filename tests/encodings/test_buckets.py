@@ -96,6 +96,50 @@ def test_offset_buckets_slice_the_kept_ramp_exactly(config, strategy, low, span)
         assert torch.equal(got, hf_bucket(rel, **kwargs))
 
 
+@settings(max_examples=80, deadline=None)
+@given(config=valid_configs(), strategy=st.sampled_from(STRATEGIES),
+       values=st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=1, max_size=60),
+       int32=st.booleans())
+def test_buckets_at_equal_the_bucket_function_for_any_offsets(config, strategy, values, int32):
+    """A tensor of offsets (a static cache's), read from the kept ramp clamped at +-max_distance, equals the bucket
+    function on the same offsets, extremes (int64's ends) and int32 tensors included (transformers' for log)."""
+    from relpos.encodings.buckets import buckets_at
+
+    bidirectional, num_buckets, max_distance = config
+    kwargs = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    rel = torch.tensor(values, dtype=torch.long)
+    if int32:
+        rel = rel.clamp(-(2**31), 2**31 - 1).int()
+    got = buckets_at(rel, strategy=strategy, **kwargs)
+    assert got.dtype == torch.long and got.shape == rel.shape
+    assert torch.equal(got, relative_position_bucket(rel, strategy=strategy, **kwargs))
+    if strategy == "log" and not int32:
+        assert torch.equal(got, hf_bucket(rel.clamp(-(2**62), 2**62), **kwargs))
+
+
+def test_buckets_at_dispatches_three_operators_and_refuses_what_the_bucket_function_refuses():
+    """Kept ramp warm: clamp, shift and index (the bucket function dispatches a dozen); under torch.compile it is the
+    bucket function; float, boolean and non-tensor offsets and a bad configuration are refused as the bucket function
+    refuses them."""
+    from operators import dispatched
+
+    from relpos.encodings.buckets import buckets_at
+
+    rel = torch.arange(-40, 41) - torch.tensor(7)
+    buckets_at(rel, num_buckets=8, max_distance=16)  # the ramp kept
+    ops = {op: n for op, n in dispatched(lambda: buckets_at(rel, num_buckets=8, max_distance=16)).items()
+           if "slice" not in op}  # the ramp's view
+    full = dispatched(lambda: relative_position_bucket(rel, num_buckets=8, max_distance=16))
+    assert sum(ops.values()) == 3 and sum(full.values()) >= 10, (ops, full)
+    compiled = torch.compile(lambda r: buckets_at(r, num_buckets=8, max_distance=16), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(rel), relative_position_bucket(rel, num_buckets=8, max_distance=16))
+    for bad, error in ((rel.float(), TypeError), (rel > 0, TypeError), ([1, 2], TypeError)):
+        with pytest.raises(error, match="relative_position"):
+            buckets_at(bad)
+    with pytest.raises(ValueError, match="num_buckets must be even"):
+        buckets_at(rel, num_buckets=7)
+
+
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_equals_transformers_extreme_values(bidirectional):
     rel = torch.tensor([-(2**62), -(2**31), -(2**24) - 1, -1, 0, 1, 2**24 + 1, 2**31, 2**62])

@@ -22,6 +22,7 @@ __all__ = [
     "check_bucket_config",
     "relative_position_bucket",
     "offset_buckets",
+    "buckets_at",
     "t5_bucket",
     "BucketRange",
     "bucket_ranges",
@@ -313,3 +314,32 @@ def bucket_table(
         "buckets": [{"bucket": r.bucket, "low": r.low, "high": r.high, "exact": r.exact} for r in ranges],
         "unused_buckets": sorted(set(range(num_buckets)) - {r.bucket for r in ranges}),
     }
+
+
+def buckets_at(
+    relative_position: torch.Tensor,
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    strategy: BucketStrategy = "log",
+) -> torch.Tensor:
+    """:func:`relative_position_bucket` of a tensor of offsets, read from the kept ramp of :func:`offset_buckets`.
+
+    Every distance ``>= max_distance`` shares the last bucket of its half, so the offsets clamped to
+    ``-max_distance .. max_distance`` index the buckets of those ``2 max_distance + 1`` offsets: three operators
+    (clamp, shift, index) instead of the bucket function's dozen, for offsets known only as a tensor (a static
+    cache's, shifted by its length: a decoding step's are new every step). Where nothing may be kept (inside
+    ``torch.compile``, a CUDA graph's capture), the bucket function itself.
+
+    >>> rel = torch.tensor([-100, -10, -1, 0, 1, 10, 100])
+    >>> torch.equal(buckets_at(rel), t5_bucket(rel))
+    True
+    """
+    if not isinstance(relative_position, torch.Tensor):
+        raise TypeError(f"relative_position must be a torch.Tensor of integers, got {type(relative_position).__name__}")
+    config = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy)
+    if not may_reuse(relative_position.device) or relative_position.is_floating_point() or relative_position.dtype == torch.bool:
+        return relative_position_bucket(relative_position, **config)  # (it refuses a float or boolean tensor)
+    ramp = offset_buckets(-max_distance, max_distance, device=relative_position.device, **config)  # (2R + 1,)
+    return ramp[relative_position.clamp(-max_distance, max_distance) + max_distance]

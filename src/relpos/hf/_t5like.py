@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..core.offsets import offset_range
-from ..encodings.buckets import offset_buckets, relative_position_bucket
+from ..encodings.buckets import buckets_at, offset_buckets
 from ._attention import NAME, OWNS_BIAS, register, transformers_modules
 from ._positioned import PositionedOffsets, TableOffsets, positioned_offsets
 from ._family import Family
@@ -51,8 +51,8 @@ _COMPUTE_BIAS = ("self", "query_length", "key_length", "device", "past_seen_toke
 
 
 def _bucket_values(module: nn.Module, rel: torch.Tensor, bidirectional: bool) -> torch.Tensor:
-    """(H, n): the module's table at the (n,) offsets ``rel``, gradients into the table."""
-    buckets = relative_position_bucket(
+    """(H, n): the module's table at the (n,) offsets ``rel`` (a tensor: a static cache's), gradients into the table."""
+    buckets = buckets_at(
         rel,
         bidirectional=bidirectional,
         num_buckets=module.relative_attention_num_buckets,
