@@ -21,7 +21,8 @@ Steps:
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
 * ``tests``: ``pytest -m gpu -v`` over ``GPU_TEST_FILES`` (the models on CUDA first, then the Triton kernel at
-  real sizes, dropout included), each test's name and result in the log as it finishes;
+  real sizes, dropout included), each test's name and result in the log as it finishes, the 40 slowest at the end;
+  a step past its limit is interrupted first (SIGINT), so pytest still writes that summary, then killed.
 * ``sam``, ``sam_layer``, ``swin``: benchmarks/sam.py (the SAM ViT-B image encoder at 1024 x 1024, forward; one
   global layer's training step, the fold and the decomposed Triton kernel beside transformers') and benchmarks/swin.py
   (Swin V2-tiny at 256 x 256, windows 8 and 16, forward and training step) against transformers on the same GPU.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,7 +60,8 @@ STEPS = {  # name -> (seconds at most, command); run in this order
                  "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
                  "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
                  "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
-    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", *GPU_TEST_FILES]),
+    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--durations=40",
+                    *GPU_TEST_FILES]),  # the slowest named in the log, a timed-out run too (_wait interrupts it first)
     "sam": (90, [sys.executable, "benchmarks/sam.py", "--mode", "encoder", "--rounds", "5", "--device", "cuda",
                  "--dtype", "bfloat16", "--json", "{out}/sam.json", "--markdown", "{out}/sam.md"]),
     "sam_layer": (90, [sys.executable, "benchmarks/sam.py", "--mode", "train", "--rounds", "5", "--device", "cuda",
@@ -83,16 +86,33 @@ def run_step(name: str, limit: float, command: list[str], out: str) -> dict:
     started = time.time()
     print(f"[gpu_session] {time.strftime('%H:%M:%S')} {name}: {' '.join(command)} (at most {limit:.0f} s)", flush=True)
     with open(log_path, "w") as log:
-        try:
-            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=_environment())
-            status = done.returncode
-        except subprocess.TimeoutExpired:
-            status = "timed out"
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_environment())
+        status = _wait(process, limit)
     seconds = round(time.time() - started, 1)
     with open(log_path) as log:
         tail = log.read()[-600:]
     print(f"[gpu_session] {name}: status {status} after {seconds} s\n{tail}", flush=True)
     return {"command": " ".join(command), "status": status, "seconds": seconds, "log": f"{name}.log"}
+
+
+#: seconds a timed-out step gets, after SIGINT, to write what it has (pytest its summary and --durations, a benchmark
+#: its last point) before it is killed
+GRACE_SECONDS = 15.0
+
+
+def _wait(process: subprocess.Popen, limit: float) -> int | str:
+    """The step's exit status, or ``"timed out"``: past ``limit`` it is interrupted (SIGINT, as Ctrl-C: pytest then
+    prints which tests ran and the slowest), then killed if it has not ended within :data:`GRACE_SECONDS`."""
+    try:
+        return process.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return "timed out"
 
 
 def _environment() -> dict:

@@ -102,3 +102,18 @@ def test_the_tests_step_names_every_file_with_gpu_tests():
               if "mark.gpu" in p.read_text() and p.parent.name != "tools"}  # this file names the marker too
     assert marked == set(gpu_session.GPU_TEST_FILES)
     assert all(name in gpu_session.STEPS["tests"][1] for name in gpu_session.GPU_TEST_FILES)
+
+
+def test_a_timed_out_step_is_interrupted_first_and_writes_its_summary(tmp_path, monkeypatch):
+    """Past its limit a step gets SIGINT (pytest then prints what ran and the slowest tests) and is killed only if it
+    does not end within the grace period; either way its status is "timed out"."""
+    handles = ("import signal, sys, time\n"
+               "def stop(*_):\n    print('summary written'); sys.exit(2)\n"
+               "signal.signal(signal.SIGINT, stop)\nprint('started', flush=True)\ntime.sleep(60)\n")
+    ignores = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('started', flush=True)\ntime.sleep(60)\n"
+    monkeypatch.setattr(gpu_session, "GRACE_SECONDS", 1.0)
+    for name, code in (("handles", handles), ("ignores", ignores)):
+        record = gpu_session.run_step(name, 4, [sys.executable, "-c", code], str(tmp_path))  # 4 s: the handler is set by then
+        assert record["status"] == "timed out" and record["seconds"] < 20, record
+    assert "summary written" in (tmp_path / "handles.log").read_text()
+    assert "started" in (tmp_path / "ignores.log").read_text()  # killed after the grace period
