@@ -7,6 +7,7 @@ says which GPU ran them last).
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -22,12 +23,13 @@ import test_hf_switch_transformers as switch_models  # noqa: E402
 import test_hf_udop as udop_models  # noqa: E402
 import relpos.hf as rh  # noqa: E402
 
+#: where the tests run: CUDA; ``RELPOS_GPU_TESTS_DEVICE=cpu`` runs their code on the CPU instead, which
+#: tests/hf/test_hf_cuda_code.py does in CI, so a broken test is found before a lent GPU's minutes run it
+CUDA = os.environ.get("RELPOS_GPU_TESTS_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(CUDA == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-CUDA = "cuda"
 VOCAB = 96
 T5_SMALL = dict(
     vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
