@@ -23,6 +23,8 @@ Steps:
 * ``tests``: ``pytest -m gpu -v`` over ``GPU_TEST_FILES`` (the models on CUDA first, then the Triton kernel at
   real sizes, dropout included), each test's name and result in the log as it finishes, the 40 slowest at the end;
   a step past its limit is interrupted first (SIGINT), so pytest still writes that summary, then killed.
+* ``t5_grid``, ``bloom_grid`` (only when named in ``--only``): the whole model grid of issue 35 (L = 1024 to 8192,
+  B = 1 and 4, forward, training, greedy and compiled static-cache generation of 64 tokens), several minutes each;
 * ``sam``, ``sam_layer``, ``swin``: benchmarks/sam.py (the SAM ViT-B image encoder at 1024 x 1024, forward; one
   global layer's training step, the fold and the decomposed Triton kernel beside transformers') and benchmarks/swin.py
   (Swin V2-tiny at 256 x 256, windows 8 and 16, forward and training step) against transformers on the same GPU.
@@ -70,6 +72,17 @@ STEPS = {  # name -> (seconds at most, command); run in this order
                    "train", "--rounds", "5", "--device", "cuda", "--dtype", "bfloat16", "--json", "{out}/swin.json",
                    "--markdown", "{out}/swin.md"]),
 }
+#: issue 35's whole model grid (L = 1024 to 8192, B = 1 and 4; greedy generation of 64 tokens), for a session with more
+#: device time than the two calls of docs/benchmarks/gpu/index.md: not in the default steps
+GRID_STEPS = {
+    f"{family}_grid": (540, [sys.executable, "benchmarks/t5_model.py", "--family", family, "--lengths", "1024,2048,4096,8192",
+                             "--batches", "1,4", "--modes", "forward,train,generate,generate_static", "--new-tokens", "64",
+                             "--rounds", "3", "--d-model", "512", "--heads", "8", "--layers", "2", "--device", "cuda",
+                             "--dtype", "bfloat16", "--memory-limit-gib", "60", "--json", f"{{out}}/{family}-grid.json",
+                             "--markdown", f"{{out}}/{family}-grid.md"])
+    for family in ("t5", "bloom")
+}
+STEPS |= GRID_STEPS
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -124,7 +137,8 @@ def _environment() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for every result and log (created)")
-    parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps, among {', '.join(STEPS)}")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated steps, among {', '.join(STEPS)} (default: all but the grids)")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for all steps together (default 540)")
     parser.add_argument("--limits", default="", help="per-step seconds replacing the defaults, e.g. kernel=120,t5=150")
     parser.add_argument("--kernel-cases", default="", help="the kernel step's --cases (default: every case)")
@@ -135,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--limits must read STEP=SECONDS,...; got {args.limits!r}")
     if set(limits) - set(STEPS) or any(sec <= 0 for sec in limits.values()):
         parser.error(f"--limits must name steps among {', '.join(STEPS)} with positive seconds; got {args.limits!r}")
-    wanted = [s for s in args.only.split(",") if s]
+    wanted = [s for s in STEPS if s not in GRID_STEPS] if args.only is None else [s for s in args.only.split(",") if s]
     unknown = sorted(set(wanted) - set(STEPS))
     if unknown:
         parser.error(f"--only must name steps among {', '.join(STEPS)}; got {', '.join(unknown)}")

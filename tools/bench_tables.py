@@ -189,6 +189,7 @@ def model_command(report: dict, table: Table) -> str:
              f"--d-model {c['d_model']} --heads {c['heads']} --layers {c['layers']}",
              *([f"--device {c['device']} --dtype {c['dtype']}"] if c.get("device", "cpu") != "cpu" else []),
              *(["--compile-cpu"] if c.get("compile_cpu") else []),
+             *([f"--new-tokens {c['new_tokens']}"] if c.get("new_tokens", 32) != 32 else []),
              *([f"--memory-limit-gib {c['memory_limit_gib']:g}"] if c["memory_limit_gib"] != 14 else []), _paths(table)]
     return " ".join(words)
 

@@ -412,6 +412,19 @@ def test_model_benchmark_compiles_static_generation_on_the_cpu_only_when_asked()
     assert seen == [{"input_ids": 1, "max_new_tokens": 3, "min_new_tokens": 3, "do_sample": False, **compiled}]
 
 
+def test_model_benchmark_generates_the_tokens_asked_and_refuses_none(tmp_path, capsys, monkeypatch):
+    from relpos.hf import bench
+
+    seen = []
+    monkeypatch.setattr(bench, "run_model_bench", lambda config, on_point=None: seen.append(config) or (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--new-tokens", "64", "--modes", "generate"])
+    assert seen[0].new_tokens == 64
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--new-tokens", "0", "--json", str(tmp_path / "x.json")])
+    assert exit_.value.code == 2 and "--new-tokens must be a positive number of tokens, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, named", [(["--modes", "generate"], "--modes generate"),
                                          (["--modes", "generate_static", "--device", "cuda"], "--device cuda")])
 def test_model_benchmark_refuses_compile_cpu_where_it_does_nothing(argv, named, tmp_path, capsys, monkeypatch):

@@ -117,3 +117,17 @@ def test_a_timed_out_step_is_interrupted_first_and_writes_its_summary(tmp_path, 
         assert record["status"] == "timed out" and record["seconds"] < 20, record
     assert "summary written" in (tmp_path / "handles.log").read_text()
     assert "started" in (tmp_path / "ignores.log").read_text()  # killed after the grace period
+
+
+def test_the_grids_run_only_when_named(tmp_path, monkeypatch):
+    """The model grids (issue 35's L = 1024 to 8192, B = 1 and 4, 64 new tokens) take minutes each: a default run
+    leaves them out, ``--only`` names them."""
+    assert set(gpu_session.GRID_STEPS) == {"t5_grid", "bloom_grid"}
+    assert all("--new-tokens" in command and "8192" in ",".join(command) for _, command in gpu_session.GRID_STEPS.values())
+    ran = []
+    monkeypatch.setattr(gpu_session, "run_step", lambda name, limit, command, out: ran.append(name) or {"status": 0})
+    gpu_session.main(["--out", str(tmp_path / "a")])
+    assert ran and not set(ran) & set(gpu_session.GRID_STEPS) and "kernel" in ran
+    ran.clear()
+    gpu_session.main(["--out", str(tmp_path / "b"), "--only", "t5_grid"])
+    assert ran == ["t5_grid"]

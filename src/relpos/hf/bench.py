@@ -13,7 +13,7 @@ with random weights). Variants (the same weights in each):
 Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad``), ``train``
 (forward + backward of the summed output, ``model.train()`` with the family's default dropout:
 0.1 for the T5 families, 0 for Bloom, MPT and Falcon, as their checkpoints), ``generate``
-(greedy, 32 new tokens with the KV cache), ``layer`` (a one-layer forward). Every batch is padded:
+(greedy, 32 new tokens with the KV cache, ``--new-tokens`` sets them), ``layer`` (a one-layer forward). Every batch is padded:
 example 0 is full, the others hold 73% of L real tokens (1500 of 2048), padded on the right, and
 on the left for decoder-only generation. Times are medians of interleaved rounds; memory is the
 peak resident memory added by the call, with glibc's mmap threshold fixed so each call's peak is its own
@@ -480,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"comma-separated, among {', '.join(MODES)} (default: all but generate_static)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per variant (median)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens each generate mode generates (default 32)")
     parser.add_argument("--compile-cpu", action="store_true",
                         help="generate_static compiles the decoding step on the CPU too (inductor, fullgraph; "
                              "generate() compiles it only on CUDA)")
@@ -494,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         device = device_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.new_tokens < 1:
+        parser.error(f"--new-tokens must be a positive number of tokens, got {args.new_tokens}")
     if args.compile_cpu and ("generate_static" not in modes or is_cuda(device["device"])):
         parser.error(f"--compile-cpu compiles generate_static's decoding step on the CPU; got --modes {args.modes} and "
                      f"--device {device['device']}: add generate_static to --modes and run on the CPU (on CUDA "
@@ -501,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
-        compile_cpu=args.compile_cpu, **device,
+        new_tokens=args.new_tokens, compile_cpu=args.compile_cpu, **device,
     )
     try:
         report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
