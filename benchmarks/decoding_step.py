@@ -36,6 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import relpos.hf
+from relpos.hf.bench import cpu_compile_config, recompile_room
 from relpos._io import write_report
 from relpos._measure import checkout_commit
 
@@ -93,8 +94,6 @@ def _cache_options(cache: str) -> dict:
         return {}
     if cache == "static":
         return {"cache_implementation": "static"}
-    from relpos.hf.bench import cpu_compile_config
-
     return {"cache_implementation": "static", "compile_config": cpu_compile_config()}
 
 
@@ -123,7 +122,7 @@ def run(family: str, batch: int, length: int, steps: int, rounds: int, cache: st
     options = _cache_options(cache)
     compiled = "compile_config" in options
     samples = {name: [] for name in variants}
-    with _compile_room(len(variants)) if compiled else contextlib.nullcontext():
+    with recompile_room(len(variants)) if compiled else contextlib.nullcontext():  # the models share a code object
         for model in variants.values():
             for tokens in (4 + steps, 4) if compiled else (4,):  # warm up (a compiled step: both cache sizes)
                 _generate(model, inputs, tokens, options)
@@ -142,21 +141,6 @@ def run(family: str, batch: int, length: int, steps: int, rounds: int, cache: st
         rows.append({"family": family, "variant": name, "B": batch, "L": length, "cache": cache,
                      "step_ms": statistics.median(samples[name]), "operators": operators, "host_reads": reads})
     return rows
-
-
-@contextlib.contextmanager
-def _compile_room(models: int):
-    """Dynamo's per-code-object recompile limit, raised so that every model's compiles fit (transformers' forward
-    wrappers are one code object for all the models: see relpos.hf.bench._compile_room), then restored."""
-    from relpos.hf.bench import ONE_MODEL_RECOMPILES
-
-    config = torch._dynamo.config
-    saved = config.recompile_limit
-    config.recompile_limit = max(saved, ONE_MODEL_RECOMPILES * models)
-    try:
-        yield
-    finally:
-        config.recompile_limit = saved
 
 
 def markdown(rows: list[dict]) -> str:

@@ -254,7 +254,7 @@ MUTANTS: list[Mutant] = [
     Mutant("decomposed-triton-rel-w-last-block-only", "backends/_triton_decomposed.py", "        drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows\n        for r in range(0, Kh):", "        drw = tl.zeros([BM, BN], tl.float32)  # d rel_w of these columns, summed over the key rows\n        for r in range(Kh - 1, Kh):", "decomposed Triton dq: d rel_w (and dq) summed over the last key row only", "decomposed_triton"),
     Mutant("decomposed-triton-columns-unmasked", "backends/_triton_decomposed.py", "return tl.where(cols_ok[None, :], bw, float(\"-inf\"))", "return bw", "decomposed Triton kernels: the columns past the key grid's width not masked (padding keys get weight)", "decomposed_triton"),
     Mutant("decomposed-triton-lse-natural-log", "backends/_triton_decomposed.py", "m_i + tl.log2(l_i)", "m_i + tl.log(l_i)", "decomposed Triton forward: the base-2 log-sum-exp stored with a natural log (the backward's weights wrong)", "decomposed_triton"),
-    Mutant("buckets-at-clamp-short", "encodings/buckets.py", "ramp[relative_position.clamp(-max_distance, max_distance) + max_distance]", "ramp[relative_position.clamp(-max_distance + 1, max_distance - 1) + max_distance]", "static cache's buckets: offsets clamped one short of max_distance (max_distance itself takes its neighbour's bucket)", "buckets"),
+    Mutant("buckets-at-clamp-short", "encodings/buckets.py", "ramp[rel.clamp(-max_distance, max_distance) + max_distance]", "ramp[rel.clamp(-max_distance + 1, max_distance - 1) + max_distance]", "static cache's buckets: offsets clamped one short of max_distance (max_distance itself takes its neighbour's bucket)", "buckets"),
 ]
 
 

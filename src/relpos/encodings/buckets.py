@@ -336,10 +336,10 @@ def buckets_at(
     >>> torch.equal(buckets_at(rel), t5_bucket(rel))
     True
     """
-    if not isinstance(relative_position, torch.Tensor):
-        raise TypeError(f"relative_position must be a torch.Tensor of integers, got {type(relative_position).__name__}")
     config = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance, strategy=strategy)
-    if not may_reuse(relative_position.device) or relative_position.is_floating_point() or relative_position.dtype == torch.bool:
-        return relative_position_bucket(relative_position, **config)  # (it refuses a float or boolean tensor)
-    ramp = offset_buckets(-max_distance, max_distance, device=relative_position.device, **config)  # (2R + 1,)
-    return ramp[relative_position.clamp(-max_distance, max_distance) + max_distance]
+    rel = relative_position
+    integers = isinstance(rel, torch.Tensor) and not (rel.is_floating_point() or rel.is_complex() or rel.dtype == torch.bool)
+    if not integers or not may_reuse(rel.device):
+        return relative_position_bucket(rel, **config)  # the bucket function, and its refusals of anything else
+    ramp = offset_buckets(-max_distance, max_distance, device=rel.device, **config)  # (2R + 1,)
+    return ramp[rel.clamp(-max_distance, max_distance) + max_distance]

@@ -24,8 +24,9 @@ the same attention (the ``impl`` switch of :func:`decomposed_attention`):
   GPU, ``64 + 64 + 64 <= 256`` fits the flash kernels, and zero channels pad the head dimension to a
   multiple of 8 (a window of 14: 64 + 28 = 92 becomes 96), which they need.
 * ``"triton"`` (CUDA; opt-in): a flash-attention kernel that adds ``rel_h`` and ``rel_w`` inside each tile
-  (relpos.backends._triton_decomposed): the keys visited a grid row at a time, so a tile adds one ``rel_h`` value
-  per query row and a contiguous ``(rows, columns)`` block of ``rel_w``; attention's own head dim (no fold), no
+  (relpos.backends._triton_decomposed): the keys visited as their grid, a block of columns then every key row of
+  it, so a tile adds one ``rel_h`` value per query row and the column block's ``rel_w``, read once for all the
+  rows; attention's own head dim (no fold), no
   ``(N, K)`` bias, gradients into q, k, v, ``rel_h`` and ``rel_w``; no dropout. Tested under Triton's interpreter;
   not yet timed on a GPU, so ``"auto"`` keeps the fold there.
 * ``"reference"``: the dense bias and an eager softmax, the readable definition the others are

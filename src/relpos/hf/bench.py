@@ -42,7 +42,7 @@ from .._progress import Progress
 from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from .api import accelerate
 
-__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "cpu_compile_config", "run_model_bench", "markdown", "report_markdown"]
+__all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "cpu_compile_config", "recompile_room", "run_model_bench", "markdown", "report_markdown"]
 
 MODES = ("forward", "train", "generate", "generate_static", "layer")
 DEFAULT_MODES = ("forward", "train", "generate", "layer")
@@ -341,13 +341,21 @@ def _compile_room(config: ModelBenchConfig, variants: int):
     compiled frames (transformers' forward wrappers) are the same code for all of them: the variants compiled last
     in a grid point would find the limit spent by the others and run eagerly (the H100 run of 2026-11-27 logged
     "recompile limit (8)" for relpos's and the floor's compiled T5, which came after transformers' two). The limit
-    is raised to ``ONE_MODEL_RECOMPILES`` per model and grid point, and restored after."""
-    dynamo = torch._dynamo.config
+    is raised to ``ONE_MODEL_RECOMPILES`` per model and grid point (:func:`recompile_room`), and restored after."""
     if "generate_static" not in config.modes:
         yield None
         return
+    with recompile_room(variants * len(config.batches) * len(config.lengths)) as limit:
+        yield limit
+
+
+@contextlib.contextmanager
+def recompile_room(models: int):
+    """Dynamo's per-code-object recompile limit raised to ``ONE_MODEL_RECOMPILES`` per model (never lowered) while
+    ``models`` compiled models share transformers' forward wrappers; yields the limit, restores it after."""
+    dynamo = torch._dynamo.config
     saved = dynamo.recompile_limit
-    dynamo.recompile_limit = max(saved, ONE_MODEL_RECOMPILES * variants * len(config.batches) * len(config.lengths))
+    dynamo.recompile_limit = max(saved, ONE_MODEL_RECOMPILES * models)
     try:
         yield dynamo.recompile_limit
     finally:
