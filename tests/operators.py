@@ -6,9 +6,10 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["dispatched"]
+__all__ = ["LargestTensor", "dispatched"]
 
 
 class _Log(TorchDispatchMode):
@@ -28,3 +29,20 @@ def dispatched(fn: Callable[[], object]) -> collections.Counter:
     with log:
         fn()
     return collections.Counter(log.names)
+
+
+class LargestTensor(TorchDispatchMode):
+    """The largest tensor an operator returns inside it: in elements (``largest``) and in bytes (``largest_bytes``:
+    Triton's interpreter copies its arguments' storages as bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = self.largest_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+                self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
+        return out

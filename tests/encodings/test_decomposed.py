@@ -4,7 +4,7 @@ import types
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from operators import LargestTensor
 
 import relpos.encodings.decomposed as decomposed
 from relpos.backends import _head_dim as head_dim
@@ -135,35 +135,18 @@ def test_tiles_low_precision(dtype, tol):
     assert all(t.grad is not None and t.grad.dtype == dtype for t in cast)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """The largest tensor an operator returns inside it: in elements (``largest``) and in bytes (``largest_bytes``:
-    Triton's interpreter copies its arguments' storages as bytes)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = self.largest_bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-                self.largest_bytes = max(self.largest_bytes, t.numel() * t.element_size())
-        return out
-
-
 @pytest.mark.parametrize("impl", ["tiles", "fold"])
 def test_never_holds_the_dense_bias(impl, monkeypatch):
     grid, batch, heads, n = (16, 16), 2, 3, 256
     monkeypatch.setattr(decomposed, "_FORWARD_ROWS", 16)
     leaves = [t.float().requires_grad_() for t in _inputs(batch=batch, heads=heads, grid=grid)]
     dense = batch * heads * n * n
-    with _LargestTensor() as probe:
+    with LargestTensor() as probe:
         rel_h, rel_w = decomposed_terms(leaves[0], leaves[3], leaves[4], grid)
         out = decomposed_attention(*leaves[:3], rel_h, rel_w, impl=impl)
         out.sum().backward()
     assert probe.largest < dense / 4, (probe.largest, dense)
-    with _LargestTensor() as probe:
+    with LargestTensor() as probe:
         decomposed_attention(*leaves[:3], rel_h, rel_w, impl="reference")
     assert probe.largest >= dense  # the probe sees the reference's dense tensor
 

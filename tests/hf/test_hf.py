@@ -5,6 +5,7 @@ do); relative_attention_max_distance is small so sequences reach past it.
 """
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import relpos.hf as rh  # noqa: E402
 import hf_checks  # noqa: E402
+from operators import LargestTensor  # noqa: E402
 from relpos import OffsetBias  # noqa: E402
 
 SMALL = hf_checks.T5_SMALL
@@ -388,6 +390,39 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     }
     tables = (tmp_path / "t5.md").read_text()
     assert all(r["ms"] > 0 for r in results) and "### generate" in tables and "### generate_static" in tables
+
+
+@pytest.mark.parametrize("family", ["t5", "bloom"])
+def test_model_benchmark_floor_is_attention_without_the_position_term(family):
+    """The floor variant is relpos's model with its attention swapped for plain SDPA while it runs: every attention
+    call gets no mask, nothing of size (Lq, Lk) is built around it (transformers' dense bias was, before: a floor
+    slower than relpos), its output differs from relpos's only by the term and the mask, and the swap is undone."""
+    from transformers import AttentionInterface
+
+    from relpos.hf import bench
+
+    config = bench.ModelBenchConfig(family=family, d_model=16, heads=4, layers=2)
+    models = bench._models(config, "forward")
+    batch, length = 2, 128  # (1, H, L, L) is 4x the largest other tensor (the feed-forward's)
+    ids, mask = bench._inputs(batch, length)
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    masks, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        masks.append(kw.get("attn_mask"))
+        return sdpa(*args, **kw)
+
+    registered = dict(AttentionInterface._global_mapping)
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy), LargestTensor() as probe:
+        bench._step("forward", models["no_bias_floor"], kwargs, 0, floor=True)()
+    assert masks and all(m is None for m in masks), masks
+    assert probe.largest < batch * config.heads * length * length / 4, probe.largest
+    assert AttentionInterface._global_mapping == registered  # the swap is undone
+    with torch.no_grad(), bench._floor():
+        floor = bench._output(models["no_bias_floor"](**kwargs))
+    with torch.no_grad():
+        accelerated = bench._output(models["relpos"](**kwargs))
+    assert (floor[0] - accelerated[0]).abs().max() > 1e-3  # the full example (fp32 rounding: ~1e-6): the term dropped
 
 
 def test_model_benchmark_compiles_static_generation_on_the_cpu_only_when_asked():

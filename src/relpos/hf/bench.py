@@ -7,8 +7,10 @@ with random weights). Variants (the same weights in each):
   ``"sdpa"``; ``hf_sdpa`` only for families that support it), the bias and mask added into one
   ``(B, H, Lq, Lk)`` tensor;
 * ``relpos``: :func:`relpos.hf.accelerate`;
-* ``no_bias_floor``: the same model with plain SDPA attention and no bias and no mask at all (not
-  the same function: the floor any bias implementation is measured against).
+* ``no_bias_floor``: the accelerated model with its attention swapped, while it runs, for plain SDPA with no bias
+  and no mask at all (causal where the layer is): the floor any bias implementation is measured against. Everything
+  else is relpos's model (its per-offset ``compute_bias``, its ``(B, 1, 1, Lk)`` key mask), so nothing of size
+  ``(Lq, Lk)`` is built around the floor's attention either.
 
 Modes: ``forward`` (the encoder, or the decoder-only base model, ``torch.no_grad``), ``train``
 (forward + backward of the summed output, ``model.train()`` with the family's default dropout:
@@ -49,7 +51,6 @@ DEFAULT_MODES = ("forward", "train", "generate", "layer")
 GENERATING = ("generate", "generate_static")  # modes that build the generating model (an LM head)
 VARIANTS = ("hf_eager", "hf_sdpa", "relpos", "no_bias_floor")
 HF_VARIANTS = ("hf_eager", "hf_sdpa")
-FLOOR = "relpos_no_bias_floor"
 VOCAB = 512
 
 
@@ -79,7 +80,8 @@ class Builder:
     """How to build one family's small model: ``build(mode, config) -> model`` (random weights).
 
     ``decoder_only``: generation pads on the left; ``sdpa``: transformers has an sdpa path; ``alibi``:
-    an ALiBi family (no attention interface: its floor swaps relpos's attention for plain SDPA);
+    an ALiBi family (no attention interface: its implementation is set in the config, and relpos's adapter calls
+    ``alibi_attention``, which the floor swaps for plain SDPA);
     ``extra(batch, length)``: further inputs the model needs (UDOP's boxes); ``generate_inputs(ids,
     mask, config)``: the keyword arguments of ``generate`` where they are not ``input_ids`` and
     ``attention_mask`` (Pop2Piano's audio features, Pix2Struct's image patches); ``floor``:
@@ -113,13 +115,18 @@ def _floor_alibi_attention(query, key, value, *, scale, dropout_p=0.0, **kwargs)
 
 
 @contextlib.contextmanager
-def _alibi_floor():
-    """While timing the floor variant: the ALiBi families' attention without bias or mask."""
+def _floor():
+    """While timing the floor variant: relpos's attention (the T5 families' registered ``"relpos"`` function, the
+    ALiBi families' ``alibi_attention``) swapped for plain SDPA without bias or mask."""
+    from transformers import AttentionInterface
+
     from . import bloom
     from . import falcon
     from . import mpt
+    from ._attention import NAME
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(AttentionInterface._global_mapping, {NAME: _floor_attention}))
         for module in (bloom, falcon, mpt):
             stack.enter_context(mock.patch.object(module, "alibi_attention", _floor_alibi_attention))
         stack.enter_context(mock.patch.object(falcon, "per_key_channel", lambda q, k, v, per_key: (q, k, v)))
@@ -238,9 +245,6 @@ def _variant_names(builder: Builder) -> tuple[str, ...]:
 
 
 def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(FLOOR, _floor_attention)
     builder = BUILDERS[config.family]
     torch.manual_seed(0)
     base = builder.build(mode, config).to(config.device, getattr(torch, config.dtype))
@@ -253,9 +257,7 @@ def _models(config: ModelBenchConfig, mode: str) -> dict[str, torch.nn.Module]:
         elif name in HF_VARIANTS:
             model.set_attn_implementation(name[3:])
         else:
-            accelerate(model)
-            if name == "no_bias_floor" and not builder.alibi:
-                model.set_attn_implementation(FLOOR)  # ... then ignored, with the mask
+            accelerate(model)  # the floor too: its attention is swapped only while it runs (_floor)
         models[name] = model
     return models
 
@@ -322,7 +324,7 @@ def _step(mode: str, model, kwargs: dict, new_tokens: int, floor: bool, options:
         return run
 
     def floored():
-        with _alibi_floor():
+        with _floor():
             run()
 
     return floored
@@ -429,7 +431,7 @@ def _run_grid(config, builder, modes, names, progress, results, report, on_point
                 variants = {}
                 for name, model in models.items():
                     if _fits(name, mode, batch, length, config):
-                        floor = name == "no_bias_floor" and builder.alibi
+                        floor = name == "no_bias_floor"
                         variants[name] = _step(mode, model, kwargs, config.new_tokens, floor, _generate_options(mode, config))
                     else:
                         results.append({"mode": mode, "batch": batch, "length": length, "variant": name,
