@@ -373,6 +373,7 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     """benchmarks/t5_model.py end to end (no timing assertions): every variant of every mode reported; with
     generate_static, dynamo's recompile limit raised for the run (each variant is a model compiled on its own, but
     transformers' forward wrappers are one code object for all) and restored."""
+    from relpos.hf import bench
     from relpos.hf.bench import main
 
     out = tmp_path / "t5.json"
@@ -390,6 +391,12 @@ def test_model_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     }
     tables = (tmp_path / "t5.md").read_text()
     assert all(r["ms"] > 0 for r in results) and "### generate" in tables and "### generate_static" in tables
+    # the ceiling: transformers' fastest over the floor, per point (only for reports whose floor is relpos's model)
+    forward = {r["variant"]: r["ms"] for r in results if r["mode"] == "forward"}
+    ceiling = min(forward["hf_eager"], forward["hf_sdpa"]) / forward["no_bias_floor"]
+    row = next(line for line in tables.split("### forward")[1].splitlines() if line.startswith("| 2 | 64 |"))
+    assert report["floor"] == bench.FLOOR_KIND and row.endswith(f" {ceiling:.2f}x |"), row
+    assert "the ceiling" not in bench.markdown({k: v for k, v in report.items() if k != "floor"})  # an old report
 
 
 @pytest.mark.parametrize("family", ["t5", "bloom"])
