@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from relpos.encodings.decomposed import decomposed_attention, decomposed_terms  # noqa: E402
-from test_decomposed import _LargestTensor  # noqa: E402  (the largest tensor an operator returns)
+from operators import LargestTensor  # noqa: E402  (the largest tensor an operator returns)
 
 # the interpreter's tiles are 16 x 16: a key row of 6 fills part of one column block, of 17 one and a single column
 CASES = {  # name -> (query grid, key grid, batch, heads, head dim)
@@ -66,11 +66,11 @@ def test_never_holds_the_dense_bias():
     q, k, v, table_h, table_w = _leaves(grid, grid, batch, heads, 16, torch.float32)
     rel_h, rel_w = (t.detach().requires_grad_() for t in decomposed_terms(q, table_h, table_w, grid))
     dense = batch * heads * (grid[0] * grid[1]) ** 2 * 4  # bytes of the fp32 (B, H, N, K) bias
-    with _LargestTensor() as probe:  # the attention call and its backward (the terms' einsums are not the kernel's)
+    with LargestTensor() as probe:  # the attention call and its backward (the terms' einsums are not the kernel's)
         decomposed_attention(q, k, v, rel_h, rel_w, impl="triton").sum().backward()
     assert probe.largest_bytes <= dense / 16, (probe.largest_bytes, dense)  # one (B, H, N, d = 16) tensor
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v, rel_h, rel_w))
-    with _LargestTensor() as probe:
+    with LargestTensor() as probe:
         decomposed_attention(q, k, v, rel_h, rel_w, impl="reference")
     assert probe.largest_bytes >= dense  # the probe sees the reference's dense bias
 
