@@ -1,6 +1,6 @@
 """One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests,sam,sam_layer,swin] [--budget 540]
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests_kernel,tests_models,sam,sam_layer,swin] [--budget 540]
         [--limits kernel=120,t5=150] [--kernel-cases t5_forward,alibi_forward]
 
 GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
@@ -19,10 +19,14 @@ Steps:
   (10 back-to-back calls per sample, as inside a model); ``--kernel-cases`` keeps some cases (FlexAttention
   compiles per shape for 10-20 s, so all cases take about 250 s after the sweep's 90 s);
 * ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
-  (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA);
-* ``tests``: ``pytest -m gpu -v`` over ``GPU_TEST_FILES`` (the models on CUDA first, then the Triton kernel at
-  real sizes, dropout included), each test's name and result in the log as it finishes, the 40 slowest at the end;
-  a step past its limit is interrupted first (SIGINT), so pytest still writes that summary, then killed.
+  (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA), with
+  ``--profile``: per variant and point, the GPU's busy time against the wall time, the attention kernels' share,
+  the host syncs and the top kernels (where a target is missed, that says why);
+* ``tests_kernel``, ``tests_models``: ``pytest -m gpu -v`` over ``GPU_KERNEL_TEST_FILES`` (the Triton kernel at
+  real sizes, dropout included, then the backends' fp32 oracle cases) and over ``GPU_MODEL_TEST_FILES`` (every
+  accelerated family on CUDA against transformers), each under its own limit so that neither spends the other's
+  minutes; each test's name and result in the log as it finishes, the 40 slowest at the end; a step past its limit
+  is interrupted first (SIGINT), so pytest still writes that summary, then killed.
 * ``t5_grid``, ``bloom_grid`` (only when named in ``--only``): the whole model grid of issue 35 (L = 1024 to 8192,
   B = 1 and 4, forward, training, greedy and compiled static-cache generation of 64 tokens), several minutes each;
 * ``sam``, ``sam_layer``, ``swin``: benchmarks/sam.py (the SAM ViT-B image encoder at 1024 x 1024, forward; one
@@ -41,10 +45,17 @@ import sys
 import tempfile
 import time
 
-#: Every file with GPU tests, in the order they run (pytest runs a folder's files in its own order, so the
-#: models and the kernel's real sizes come first by name; tests/tools/test_gpu_session.py checks the list is whole).
-GPU_TEST_FILES = ("tests/hf/test_hf_cuda.py", "tests/backends/test_triton_gpu.py", "tests/backends/test_cuda.py",
-                  "tests/backends/test_triton.py", "tests/backends/test_backends.py")
+#: Every file with GPU tests, in two steps with a time limit each, so that one cannot spend the other's minutes: the
+#: models on CUDA (``tests_models``) and the backends: the Triton kernel at real sizes first, then the fp32 oracle cases
+#: (``tests_kernel``; pytest runs a folder's files in its own order, hence the lists; tests/tools/test_gpu_session.py
+#: checks they are whole)
+GPU_MODEL_TEST_FILES = ("tests/hf/test_hf_cuda.py",)
+GPU_KERNEL_TEST_FILES = ("tests/backends/test_triton_gpu.py", "tests/backends/test_cuda.py",
+                         "tests/backends/test_triton.py", "tests/backends/test_backends.py")
+GPU_TEST_FILES = GPU_KERNEL_TEST_FILES + GPU_MODEL_TEST_FILES
+#: pytest over the GPU tests of ``files``, each test's result in the log as it finishes, the 40 slowest at the end (a
+#: timed-out run too: _wait interrupts it first)
+_PYTEST = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--durations=40"]
 
 STEPS = {  # name -> (seconds at most, command); run in this order
     "kernel": (360, [sys.executable, "benchmarks/gpu_kernel.py", "--out", "{out}", "--rounds", "10",
@@ -53,17 +64,17 @@ STEPS = {  # name -> (seconds at most, command); run in this order
     "t5": (150, [sys.executable, "benchmarks/t5_model.py", "--family", "t5", "--lengths", "2048,4096", "--batches", "2",
                  "--modes", "forward,train,generate,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                  "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
-                 "--json", "{out}/t5.json", "--markdown", "{out}/t5.md"]),
+                 "--profile", "--json", "{out}/t5.json", "--markdown", "{out}/t5.md"]),
     "bloom": (90, [sys.executable, "benchmarks/t5_model.py", "--family", "bloom", "--lengths", "2048", "--batches", "2",
                    "--modes", "forward,train,generate_static", "--rounds", "5", "--d-model", "512", "--heads", "8",
                    "--layers", "2", "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
-                   "--json", "{out}/bloom.json", "--markdown", "{out}/bloom.md"]),
+                   "--profile", "--json", "{out}/bloom.json", "--markdown", "{out}/bloom.md"]),
     "mpt": (90, [sys.executable, "benchmarks/t5_model.py", "--family", "mpt", "--lengths", "2048", "--batches", "2",
                  "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
                  "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
-                 "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
-    "tests": (150, [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--durations=40",
-                    *GPU_TEST_FILES]),  # the slowest named in the log, a timed-out run too (_wait interrupts it first)
+                 "--profile", "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
+    "tests_kernel": (90, [*_PYTEST, *GPU_KERNEL_TEST_FILES]),
+    "tests_models": (90, [*_PYTEST, *GPU_MODEL_TEST_FILES]),
     "sam": (90, [sys.executable, "benchmarks/sam.py", "--mode", "encoder", "--rounds", "5", "--device", "cuda",
                  "--dtype", "bfloat16", "--json", "{out}/sam.json", "--markdown", "{out}/sam.md"]),
     "sam_layer": (90, [sys.executable, "benchmarks/sam.py", "--mode", "train", "--rounds", "5", "--device", "cuda",

@@ -9,6 +9,7 @@ minus what was allocated before, every timed call bracketed by ``torch.cuda.sync
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import subprocess
 import time
@@ -123,6 +124,48 @@ def timed_rounds(variants: dict[str, Callable], rounds: int, progress: Progress,
     out = {name: (statistics.median(samples[name]), peaks[name][-1], samples[name]) for name in variants}
     progress.log(f"{time.strftime('%H:%M:%S')} {label}: " + ", ".join(f"{n} {ms:.3g} ms" for n, (ms, _, _) in out.items()))
     return out
+
+
+#: the CUDA runtime calls that make the CPU wait for the GPU (``.item()``, ``.tolist()``, a copy to the host, an explicit
+#: synchronize): what :func:`profile_call` counts as host syncs
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+#: a kernel (or, on the CPU, an operator) whose name matches is attention: SDPA's flash / cuDNN / memory-efficient
+#: kernels, FlexAttention's, relpos's Triton kernels (``_fwd_kernel``, ``_dkdv_kernel``, ``_dq_kernel`` ...)
+ATTENTION_NAMES = re.compile(r"attention|attn|flash|fmha|sdpa|_fwd_kernel|_dkdv|_dq_|_delta|flex")
+
+
+def profile_call(fn: Callable[[], None], cuda: bool, calls: int = 3, top: int = 6) -> dict:
+    """Where one call's time goes, by torch.profiler over ``calls`` calls (after one unprofiled call): per call, the
+    wall time, the GPU's busy time (the kernels' and copies' own time: far below the wall time, the GPU waited for
+    the CPU), the part of it in attention kernels (:data:`ATTENTION_NAMES`), the host syncs (:data:`SYNC_CALLS`, the
+    profile's own closing synchronize not counted) and the ``top`` kernels by time. On the CPU the same from the
+    operators' own CPU time, and no syncs (``None``)."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3 / calls
+    events = prof.key_averages()
+    if cuda:
+        timed = [(e.key, e.self_device_time_total) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        timed = [(e.key, e.self_cpu_time_total) for e in events]
+    per_call = sorted(((name, us / calls / 1e3) for name, us in timed if us > 0), key=lambda x: -x[1])  # (name, ms)
+    syncs = sum(e.count for e in events if e.key in SYNC_CALLS) - 1 if cuda else None  # less the closing one
+    return {
+        "calls": calls, "wall_ms": wall_ms, "busy_ms": sum(ms for _, ms in per_call),
+        "attention_ms": sum(ms for name, ms in per_call if ATTENTION_NAMES.search(name.lower())) if cuda else None,
+        "syncs_per_call": None if syncs is None else max(0, syncs) / calls,
+        "top": [[name[:90], round(ms, 4)] for name, ms in per_call[:top]],
+    }
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -264,3 +264,20 @@ def test_a_captured_cuda_graph_follows_its_inputs_whatever_relpos_kept(backend):
         fresh = layer()
     torch.testing.assert_close(out, fresh, rtol=1e-2, atol=1e-2)
     assert (out.float() - before.float()).abs().max() > 0.1  # the changes moved the output
+
+
+def test_profile_call_on_a_gpu_counts_host_syncs_and_attention_kernels():
+    """On CUDA: one .item() per call is one sync per call (the profile's closing synchronize not counted), and
+    SDPA's kernel is counted as attention, the matrix product beside it is not."""
+    from relpos._measure import profile_call
+
+    q = torch.randn(2, 4, 1024, 64, device=CUDA, dtype=torch.bfloat16)
+    m = torch.randn(2048, 2048, device=CUDA)
+
+    def work():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        (m @ m).sum().item()
+
+    p = profile_call(work, cuda=True, calls=3)
+    assert p["syncs_per_call"] == 1.0, p
+    assert 0 < p["attention_ms"] < p["busy_ms"] <= p["wall_ms"], p

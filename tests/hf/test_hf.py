@@ -432,6 +432,27 @@ def test_model_benchmark_floor_is_attention_without_the_position_term(family):
     assert (floor[0] - accelerated[0]).abs().max() > 1e-3  # the full example (fp32 rounding: ~1e-6): the term dropped
 
 
+def test_model_benchmark_profile_says_where_each_variants_time_goes(tmp_path):
+    """--profile: every timed variant gets torch.profiler's reading of its call (wall, busy, the top operators; on
+    the CPU no syncs and no attention share), and the page a table of them after the others."""
+    from relpos.hf.bench import main
+
+    out = tmp_path / "t5.json"
+    assert main(["--lengths", "32", "--batches", "2", "--modes", "forward", "--rounds", "1", "--d-model", "32",
+                 "--heads", "4", "--profile", "--json", str(out), "--markdown", str(tmp_path / "t5.md")]) == 0
+    import json as _json
+
+    results = _json.loads(out.read_text())["results"]
+    assert {r["variant"] for r in results} == {"hf_eager", "hf_sdpa", "relpos", "no_bias_floor"}
+    for r in results:
+        p = r["profile"]
+        assert p["calls"] == 3 and p["wall_ms"] > 0 and p["busy_ms"] > 0 and p["top"], r
+        assert p["syncs_per_call"] is None and p["attention_ms"] is None  # the CPU's
+    page = (tmp_path / "t5.md").read_text()
+    section = page.split("### where the time goes")[1]
+    assert sum(line.startswith("| forward | 2 | 32 |") for line in section.splitlines()) == 4
+
+
 def test_model_benchmark_compiles_static_generation_on_the_cpu_only_when_asked():
     """--compile-cpu: generate_static hands generate() an inductor CompileConfig forced onto the CPU (fullgraph, static
     shapes, as transformers' compiled-generation test); without it, or for another mode, generate() gets only its cache

@@ -118,3 +118,27 @@ def test_timed_rounds_freezes_the_old_objects_only_while_it_times():
     with pytest.raises(RuntimeError, match="boom"):
         timed_rounds({"b": fails}, 1, Quiet(), "t", False)
     assert gc.get_freeze_count() == 0
+
+
+def test_profile_call_on_the_cpu_reports_the_operators_that_took_the_time():
+    """profile_call: one unprofiled call, then ``calls`` profiled ones; per call the wall time, the operators' own
+    time (busy) and the slowest operators first; no syncs and no attention share on the CPU (None, not 0)."""
+    import torch
+
+    from relpos._measure import profile_call
+
+    a = torch.randn(256, 256)
+    seen = []
+
+    def work():
+        seen.append(1)
+        (a @ a).relu_()
+
+    p = profile_call(work, cuda=False, calls=3)
+    assert len(seen) == 4 and p["calls"] == 3
+    assert p["syncs_per_call"] is None and p["attention_ms"] is None
+    names = [name for name, _ in p["top"]]
+    assert names[0] == "aten::mm" and "aten::relu_" in names, p["top"]  # the product dominates a ReLU
+    times = [ms for _, ms in p["top"]]
+    assert times == sorted(times, reverse=True) and 0 < p["busy_ms"] <= p["wall_ms"] * 1.5
+

@@ -57,7 +57,7 @@ def test_only_and_the_budget(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--only", "tests,bogus"], "--only must name steps among"),
+    (["--only", "tests_kernel,bogus"], "--only must name steps among"),
     (["--budget", "0"], "--budget must be a positive number of seconds, got 0.0"),
 ])
 def test_bad_options_are_refused_before_any_work(tmp_path, argv, message, capsys):
@@ -101,7 +101,10 @@ def test_the_tests_step_names_every_file_with_gpu_tests():
     marked = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
               if "mark.gpu" in p.read_text() and p.parent.name != "tools"}  # this file names the marker too
     assert marked == set(gpu_session.GPU_TEST_FILES)
-    assert all(name in gpu_session.STEPS["tests"][1] for name in gpu_session.GPU_TEST_FILES)
+    steps = {"tests_kernel": gpu_session.GPU_KERNEL_TEST_FILES, "tests_models": gpu_session.GPU_MODEL_TEST_FILES}
+    for step, files in steps.items():  # each file in exactly one step, which runs it
+        command = gpu_session.STEPS[step][1]
+        assert [part for part in command if part.startswith("tests/")] == list(files), step
 
 
 def test_a_timed_out_step_is_interrupted_first_and_writes_its_summary(tmp_path, monkeypatch):

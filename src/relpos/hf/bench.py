@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from .._io import write_report
 from .._progress import Progress
-from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
+from .._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, profile_call, timed_rounds
 from .api import accelerate
 
 __all__ = ["BUILDERS", "Builder", "ModelBenchConfig", "cpu_compile_config", "recompile_room", "run_model_bench", "markdown", "report_markdown"]
@@ -72,6 +72,7 @@ class ModelBenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     compile_cpu: bool = False  # generate_static compiles its decoding step on the CPU too (inductor)
+    profile: bool = False  # after each point's rounds, where each variant's time goes (relpos._measure.profile_call)
 
     @property
     def cuda(self) -> bool:
@@ -445,6 +446,8 @@ def _run_grid(config, builder, modes, names, progress, results, report, on_point
                 for name, (ms, peak, samples) in timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
+                    if config.profile:  # one generation is many steps: profiled once
+                        results[-1]["profile"] = profile_call(variants[name], config.cuda, calls=1 if mode in GENERATING else 3)
                 if on_point is not None:
                     on_point(report)
                 gc.collect()
@@ -494,7 +497,27 @@ def markdown(report: dict) -> str:
                     row += f" {_ceiling(best, table.get((mode, batch, length, 'no_bias_floor')))} |"
                 lines.append(row)
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _profile_lines(report["results"]))
+
+
+def _profile_lines(results: list[dict]) -> list[str]:
+    """The profile of each point's variants (``--profile``): where the time of one call goes."""
+    rows = [r for r in results if r.get("profile")]
+    if not rows:
+        return []
+    lines = ["### where the time goes (torch.profiler, per call)", "",
+             "wall: the call's time under the profiler; busy: the GPU's kernels and copies (on the CPU: the operators' "
+             "own time), far below wall where the GPU waits for the CPU; attention: the attention kernels' share of "
+             "busy; syncs: the CPU waiting for the GPU (.item(), copies to the host).", "",
+             "| mode | B | L | variant | wall | busy | attention | syncs | top kernels (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["profile"]
+        attention = "-" if p["attention_ms"] is None else f"{p['attention_ms']:.2f} ms"
+        syncs = "-" if p["syncs_per_call"] is None else f"{p['syncs_per_call']:.1f}"
+        top = "; ".join(f"{name.replace('|', '/')} {ms:.2f}" for name, ms in p["top"][:4])
+        lines.append(f"| {r['mode']} | {r['batch']} | {r['length']} | {r['variant']} | {p['wall_ms']:.2f} ms | "
+                     f"{p['busy_ms']:.2f} ms | {attention} | {syncs} | {top} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -512,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-cpu", action="store_true",
                         help="generate_static compiles the decoding step on the CPU too (inductor, fullgraph; "
                              "generate() compiles it only on CUDA)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each point, torch.profiler over each variant's call: wall and busy time, the "
+                             "attention kernels' share, host syncs, the top kernels (a table after the others)")
     add_device_arguments(parser)
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--markdown", help="write the tables here")
@@ -532,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ModelBenchConfig(
         lengths=tuple(int(x) for x in args.lengths.split(",")), batches=tuple(int(x) for x in args.batches.split(",")),
         modes=modes, rounds=args.rounds, family=args.family, d_model=args.d_model, heads=args.heads, layers=args.layers,
-        new_tokens=args.new_tokens, compile_cpu=args.compile_cpu, **device,
+        new_tokens=args.new_tokens, compile_cpu=args.compile_cpu, profile=args.profile, **device,
     )
     try:
         report = run_model_bench(config, on_point=lambda partial: _save(partial, args.json, args.markdown))
