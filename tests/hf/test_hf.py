@@ -451,6 +451,15 @@ def test_model_benchmark_profile_says_where_each_variants_time_goes(tmp_path):
     page = (tmp_path / "t5.md").read_text()
     section = page.split("### where the time goes")[1]
     assert sum(line.startswith("| forward | 2 | 32 |") for line in section.splitlines()) == 4
+    from relpos.hf import bench
+
+    def broken():
+        raise RuntimeError("CUPTI said no")
+
+    failed = bench._profiled(broken, False, "forward")  # a failing profile costs its row, not the point
+    assert failed == {"error": "RuntimeError: CUPTI said no"}
+    row = {"mode": "forward", "batch": 2, "length": 32, "variant": "relpos", "profile": failed}
+    assert "| relpos | not profiled: RuntimeError: CUPTI said no |" in "\n".join(bench._profile_lines([row]))
 
 
 def test_model_benchmark_compiles_static_generation_on_the_cpu_only_when_asked():

@@ -446,12 +446,21 @@ def _run_grid(config, builder, modes, names, progress, results, report, on_point
                 for name, (ms, peak, samples) in timed_rounds(variants, config.rounds, progress, label, config.cuda).items():
                     results.append({"mode": mode, "batch": batch, "length": length, "variant": name, "ms": ms,
                                     "peak_mib": peak, "note": "", "samples": samples})
-                    if config.profile:  # one generation is many steps: profiled once
-                        results[-1]["profile"] = profile_call(variants[name], config.cuda, calls=1 if mode in GENERATING else 3)
+                    if config.profile:
+                        results[-1]["profile"] = _profiled(variants[name], config.cuda, mode)
                 if on_point is not None:
                     on_point(report)
                 gc.collect()
         del models
+
+
+def _profiled(fn: Callable, cuda: bool, mode: str) -> dict:
+    """:func:`relpos._measure.profile_call` of one variant (a generation, many steps, once), or the profiler's error:
+    a profile that fails (CUPTI under a captured CUDA graph, say) costs its table row, not the point's timings."""
+    try:
+        return profile_call(fn, cuda, calls=1 if mode in GENERATING else 3)
+    except Exception as error:  # noqa: BLE001 - reported in the table instead of ending the grid
+        return {"error": f"{type(error).__name__}: {str(error)[:160]}"}
 
 
 def _fastest_hf(table: dict, key: tuple) -> dict | None:
@@ -512,6 +521,10 @@ def _profile_lines(results: list[dict]) -> list[str]:
              "| mode | B | L | variant | wall | busy | attention | syncs | top kernels (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r["profile"]
+        if "error" in p:
+            lines.append(f"| {r['mode']} | {r['batch']} | {r['length']} | {r['variant']} | not profiled: "
+                         f"{p['error'].replace('|', '/')} | | | | |")
+            continue
         attention = "-" if p["attention_ms"] is None else f"{p['attention_ms']:.2f} ms"
         syncs = "-" if p["syncs_per_call"] is None else f"{p['syncs_per_call']:.1f}"
         top = "; ".join(f"{name.replace('|', '/')} {ms:.2f}" for name, ms in p["top"][:4])
