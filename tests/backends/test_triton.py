@@ -843,3 +843,73 @@ def test_dropout_under_torch_compile():
         assert abs((weights > 0).float().mean().item() - (1 - p)) < 0.03  # 24,576 weights
     assert not torch.equal(first, second)
     torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------ a real-valued term per key (key_bias_attention)
+KEY_BIAS_MASKS = {
+    "none": None,
+    "holes": lambda b, lk: (torch.arange(lk)[None, :] % 7 != 3) & (torch.arange(b)[:, None] >= 0),
+    "left_and_holes": lambda b, lk: torch.stack([torch.arange(lk) >= 9, (torch.arange(lk) % 5 != 1) & (torch.arange(lk) < lk - 6)]),
+}
+
+
+@pytest.mark.parametrize("shape", ["per_head", "shared_by_heads", "shared_by_batch"])
+@pytest.mark.parametrize("mask", sorted(KEY_BIAS_MASKS))
+def test_key_bias_forward_and_gradients_equal_the_fp64_oracle(shape, mask):
+    """key_bias_attention (Bloom's and Falcon's per-key ALiBi on the GPU): softmax(q k^T s + b[b, h, j] + mask) v,
+    causal, every gradient into q, k and v against fp64 attention with the term written out; dk and dv add the term
+    too (a mask alone is zeroed in dk/dv, a real term is not). The term moves the output far beyond the tolerance."""
+    from relpos.backends.dispatch import key_bias_attention
+
+    batch, length = 2, 45
+    q, k, v = (t.to(DEVICE).requires_grad_() for t in qkv(batch, length, length, kv_heads=2))  # grouped heads
+    sizes = {"per_head": (batch, H), "shared_by_heads": (batch, 1), "shared_by_batch": (1, H)}[shape]
+    term = torch.randn(*sizes, length, generator=torch.Generator().manual_seed(3)) * 3
+    keep = None if KEY_BIAS_MASKS[mask] is None else KEY_BIAS_MASKS[mask](batch, length).to(DEVICE)
+    out = key_bias_attention(q, k, v, key_bias=term.to(DEVICE), key_mask=keep, causal=True)
+    cpu = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    want = attend(*cpu, term.double()[:, :, None, :].expand(batch, H, length, length), causal=True,
+                  keep=None if keep is None else keep.cpu())
+    torch.testing.assert_close(out.cpu().double(), want, atol=2e-5, rtol=1e-5)
+    assert_bias_matters(out.cpu().double(), attend(*cpu, causal=True, keep=None if keep is None else keep.cpu()), 2e-5)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    expected = torch.autograd.grad(want, cpu, grad.cpu().double())
+    for name, g, e in zip("qkv", got, expected):
+        torch.testing.assert_close(g.cpu().double(), e, atol=5e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=BF16_ON_GPU), torch.float16])
+def test_key_bias_decoding_rows_in_low_precision(dtype):
+    """A few query rows at the end of the keys (q_offset, not causal past their position) and 16-bit inputs within
+    their rounding of the fp64 oracle on the same rounded inputs."""
+    from relpos.backends.dispatch import key_bias_attention
+
+    q, k, v = (t.to(DEVICE, dtype) for t in qkv(2, 3, 70))
+    term = (torch.randn(2, H, 70, generator=torch.Generator().manual_seed(5)) * 3).to(DEVICE)
+    keep = (torch.arange(70)[None, :] >= torch.tensor([[0], [11]])).to(DEVICE)  # left padding on the second
+    out = key_bias_attention(q, k, v, key_bias=term, key_mask=keep, causal=True, q_offset=67)
+    want = attend(*(t.cpu() for t in (q, k, v)), term.cpu().double()[:, :, None, :].expand(2, H, 3, 70), causal=True,
+                  keep=keep.cpu(), q_offset=67)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_key_bias_refuses_bad_inputs_before_any_launch():
+    from relpos.backends.dispatch import key_bias_attention
+
+    q, k, v = (t.to(DEVICE) for t in qkv(2, 8, 8))
+    good = torch.zeros(2, H, 8, device=DEVICE)
+    cases = [
+        (dict(key_bias=torch.zeros(2, H, 7, device=DEVICE)), ValueError, r"key_bias must be a floating \(B\|1, H\|1, Lk\)"),
+        (dict(key_bias=torch.zeros(2, H, 8, dtype=torch.long, device=DEVICE)), ValueError, "torch.int64"),
+        (dict(key_bias=[0.0] * 8), TypeError, "key_bias must be a torch.Tensor"),
+        (dict(key_bias=good.clone().requires_grad_()), ValueError, "key_bias gets no gradient here"),
+        (dict(key_bias=good, key_mask=torch.ones(2, 8, device=DEVICE)), TypeError, "key_mask must be boolean"),
+        (dict(key_bias=good, dropout_p=1.5), ValueError, "dropout_p"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            key_bias_attention(q, k, v, **kwargs)
+    with pytest.raises(ValueError, match="the Triton kernel takes float16, bfloat16 or float32, got torch.float64"):
+        key_bias_attention(q.double(), k.double(), v.double(), key_bias=good)

@@ -19,6 +19,9 @@ tile (query rows ``i``, keys ``j``) never exists as an ``(Lq, Lk)`` array:
   scores (``KEYBIAS``), with each example's first and last kept key bounding the blocks it visits; an example
   that hides no key between those two (a flag beside its terms) skips the terms in the forward and in dq. dk/dv
   adds none: a hidden key's rows of dk and dv depend on nothing but its own weights, so they are zeroed once;
+* a real-valued term per key and head (``key_bias``: the ALiBi families' own per-key form, Bloom's positions that
+  skip a padding mask's holes, Falcon's per-key values) rides in the same per-key terms, added to every tile's
+  scores, dk/dv's too (``KEYREAL``); it gets no gradient;
 * attention dropout: each tile draws the keep-mask of its scores with Philox4x32-7 at each score's
   position, one evaluation for the four scores of a 16 x 16 square that one thread holds in either tile
   orientation (``_kept``), so the backward kernels re-draw exactly the forward's mask, whatever the tiles, and
@@ -463,9 +466,10 @@ def _row_stats(pair):
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d, offs_dv, m0, n0, lo, hi, Lq,
-    stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
+    stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kt,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYREAL: tl.constexpr, BM: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     offs_m = m0 + tl.arange(0, BM)
     q = _load_block(q_base, offs_m, stride_qm, offs_d, Lq, D, D_PAD, MASK)  # (BM, D)
@@ -477,6 +481,8 @@ def _dkdv_step(
     lse, delta = _row_stats(pair)  # (BM,) fp32 each
     st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM)
     st, r = _scores(st, m0, n0, vals, c, slope, qk_scale, q_offset, KIND, BM, offs_n.shape[0], True)
+    if KEYREAL:  # real-valued per-key terms (key_bias): part of every score (a mask alone is zeroed at the end)
+        st = st + kt[:, None]
     pt = tl.math.exp2(st - (lse - r)[None, :])  # (BN, BM)
     if MASK:
         pt = tl.where(_visible(offs_m[None, :], offs_n[:, None], lo, hi, q_offset, CAUSAL), pt, 0.0)
@@ -495,9 +501,10 @@ def _dkdv_step(
 @triton.jit
 def _dkdv_region(
     dk, dv, m_lo, m_hi, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d, offs_dv, n0, lo, hi,
-    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale,
+    Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh, drop_t, drop_scale, kt,
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, BM: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MASK: tl.constexpr, DROPOUT: tl.constexpr, KEYREAL: tl.constexpr, BM: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """dk, dv over the query blocks ``[m_lo, m_hi)`` of one region (one tile kind), its loop behind its own branch
     (see "Regions" above)."""
@@ -505,8 +512,8 @@ def _dkdv_region(
         for m0 in range(m_lo, m_hi, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, stats_row, vals, c, slope, offs_n, offs_d,
                                 offs_dv, m0, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale,
-                                seed, drop_bh, drop_t, drop_scale,
-                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, BM, PRECISION)
+                                seed, drop_bh, drop_t, drop_scale, kt,
+                                D, DV, D_PAD, DV_PAD, KIND, CAUSAL, MASK, DROPOUT, KEYREAL, BM, PRECISION)
     return dk, dv
 
 
@@ -519,7 +526,7 @@ def _dkdv_kernel(
     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MAIN: tl.constexpr, FLAT: tl.constexpr, CAUSAL: tl.constexpr, RANGES: tl.constexpr, DROPOUT: tl.constexpr,
     KEYBIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr, LOW: tl.constexpr,
-    HIGH: tl.constexpr,
+    HIGH: tl.constexpr, KEYREAL: tl.constexpr,
 ):
     """dk, dv of one key block of one key/value head: every query head of its group, every query block.
 
@@ -564,30 +571,33 @@ def _dkdv_kernel(
         do_base = DO + b * stride_db + h * stride_dh
         stats_row = STATS + (b * H + h) * Lq  # each row's (lse, delta), one int64
         drop_bh = b * H + h
+        kt = 0.0
+        if KEYREAL:  # this head's per-key terms of the block (log2 units; -inf on hidden keys and past Lk)
+            kt = _key_terms(KB + b * stride_kbb + h * stride_kbh, offs_n)  # (BN,)
         dk, dv = _dkdv_region(dk, dv, m_start, u0, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
-                              BM, PRECISION)
+                              drop_t, drop_scale, kt, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
+                              KEYREAL, BM, PRECISION)
         if FLAT:
             c_hi = _flat_value(vals, t_hi - (Lq - 1), HIGH)
             dk, dv = _dkdv_region(dk, dv, u0, f1, k, v, q_base, do_base, stats_row, vals, c_hi, -slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
-                                  DROPOUT, BM, PRECISION)
+                                  drop_bh, drop_t, drop_scale, kt, D, DV, D_PAD, DV_PAD, HIGH, CAUSAL, False,
+                                  DROPOUT, KEYREAL, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, f1, f2, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT,
-                              BM, PRECISION)
+                              drop_t, drop_scale, kt, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, False, DROPOUT,
+                              KEYREAL, BM, PRECISION)
         if FLAT:
             c_lo = _flat_value(vals, t_lo - (Lq - 1), LOW)
             dk, dv = _dkdv_region(dk, dv, f2, u1, k, v, q_base, do_base, stats_row, vals, c_lo, slope, offs_n,
                                   offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed,
-                                  drop_bh, drop_t, drop_scale, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
-                                  DROPOUT, BM, PRECISION)
+                                  drop_bh, drop_t, drop_scale, kt, D, DV, D_PAD, DV_PAD, LOW, CAUSAL, False,
+                                  DROPOUT, KEYREAL, BM, PRECISION)
         dk, dv = _dkdv_region(dk, dv, u1, m_end, k, v, q_base, do_base, stats_row, vals, 0.0, slope, offs_n,
                               offs_d, offs_dv, n0, lo, hi, Lq, stride_qm, stride_dm, q_offset, qk_scale, seed, drop_bh,
-                              drop_t, drop_scale, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
-                              BM, PRECISION)
+                              drop_t, drop_scale, kt, D, DV, D_PAD, DV_PAD, MAIN, CAUSAL, True, DROPOUT,
+                              KEYREAL, BM, PRECISION)
     if KEYBIAS:  # a key a mask hides has no gradient: its rows of dk and dv zeroed once here, not masked in every step
         # (nothing else reads them; the key terms are one row per example, _key_mask_terms)
         hidden = _key_terms(KB + b * stride_kbb, offs_n) == float("-inf")  # (BN,)
@@ -850,6 +860,7 @@ class TritonSpec:
     flat: tuple[int, int] | None  # indices into the values (OffsetBias.flat_indices) or None
     deterministic: bool = False
     dropout_p: float = 0.0  # attention dropout drawn in the kernels (:func:`_kept`), its seed a device tensor
+    key_real: bool = False  # the per-key terms carry real values (key_bias), not only a mask: dk/dv adds them
 
 
 def _dropout_args(spec: TritonSpec, seed: torch.Tensor | None) -> dict:
@@ -1005,7 +1016,7 @@ def _launch_backward(grad_out, q, k, v, out, lse, padded, slopes, starts, ends, 
         q, k, v, grad_out, dk, dv, stats, vals, slopes, starts, ends,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], _head_stride(padded), *keys,
         heads, kv_heads, heads // kv_heads, query_length, key_length, spec.q_offset, spec.scale * LOG2E,
-        spec.scale, t_lo, t_hi, **common, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+        spec.scale, t_lo, t_hi, **common, KEYREAL=spec.key_real, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
     )
     bm, bn, warps, stages = blocks.dq
     programs = _cdiv(query_length, bm) * batch * heads
@@ -1059,19 +1070,19 @@ class _TritonAttention(torch.autograd.Function):
 # them, and CUDA graphs (mode="reduce-overhead") capture them. The eager path keeps _TritonAttention.
 
 def _op_spec(bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
-             deterministic: bool, dropout_p: float) -> TritonSpec:
+             deterministic: bool, dropout_p: float, key_real: bool) -> TritonSpec:
     flat = (flat_lo, flat_hi) if has_flat else None
-    return TritonSpec(bias_kind, causal, scale, q_offset, flat, deterministic, dropout_p)
+    return TritonSpec(bias_kind, causal, scale, q_offset, flat, deterministic, dropout_p, key_real)
 
 
 def _spec_args(spec: TritonSpec) -> tuple:
     flat_lo, flat_hi = spec.flat if spec.flat is not None else (0, 0)
     return (spec.bias_kind, spec.causal, spec.scale, spec.q_offset, flat_lo, flat_hi, spec.flat is not None,
-            spec.deterministic, spec.dropout_p)
+            spec.deterministic, spec.dropout_p, spec.key_real)
 
 
 _SPEC_SCHEMA = ("int bias_kind, bool causal, float scale, int q_offset, int flat_lo, int flat_hi, bool has_flat, "
-                "bool deterministic, float dropout_p")  # the schemas are written out: no inference from annotations
+                "bool deterministic, float dropout_p, bool key_real")  # the schemas are written out: no inference from annotations
 
 
 @torch.library.custom_op(
@@ -1082,8 +1093,9 @@ _SPEC_SCHEMA = ("int bias_kind, bool causal, float scale, int q_offset, int flat
 def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor,
                 starts: torch.Tensor | None, ends: torch.Tensor | None, key_terms: torch.Tensor | None,
                 seed: torch.Tensor | None, bias_kind: int, causal: bool, scale: float, q_offset: int, flat_lo: int,
-                flat_hi: int, has_flat: bool, deterministic: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
+                flat_hi: int, has_flat: bool, deterministic: bool, dropout_p: float,
+                key_real: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p, key_real)
     return _forward(q, k, v, values, slopes, starts, ends, key_terms, seed, spec)[4:]  # (out, lse)
 
 
@@ -1103,9 +1115,9 @@ def _op_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  lse: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, starts: torch.Tensor | None,
                  ends: torch.Tensor | None, key_terms: torch.Tensor | None, seed: torch.Tensor | None, bias_kind: int,
                  causal: bool, scale: float, q_offset: int, flat_lo: int, flat_hi: int, has_flat: bool,
-                 deterministic: bool, dropout_p: float,
+                 deterministic: bool, dropout_p: float, key_real: bool,
                  bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p)
+    spec = _op_spec(bias_kind, causal, scale, q_offset, flat_lo, flat_hi, has_flat, deterministic, dropout_p, key_real)
     q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out))
     dq, dk, dv, dvals = _launch_backward(grad_out, q, k, v, out, lse, _padded_values(values, spec), slopes, starts, ends,
                                          key_terms, seed, spec, bias_grad)
@@ -1189,6 +1201,32 @@ def _key_mask_terms(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return kept
 
 
+_last_key_bias = KeptResult()  # _key_bias_terms()'s last inputs and result
+
+
+def _key_bias_terms(key_bias: torch.Tensor, key_mask: torch.Tensor | None) -> tuple:
+    """``(key terms (B|1, H|1, Lk + KEY_PAD) fp32, starts, ends)`` for a real-valued per-key term ``key_bias``
+    ``(B|1, H|1, Lk)`` (natural-log units), in log2 units, ``-inf`` on the keys ``key_mask`` hides and past ``Lk``; the
+    flag entry 1.0 (:func:`_key_mask_terms`), so every tile adds the terms; starts and ends bound each example's
+    blocks as a key mask's do (None without a mask). Kept for the layers that share both, as the key mask's terms."""
+    named = (key_bias,) if key_mask is None else (key_bias, key_mask)
+    key = tuple(map(storage_key, named)) if may_reuse(key_bias.device) else None
+    kept = None if key is None else _last_key_bias.get(key, key_bias.device)
+    if kept is not None:
+        return kept
+    terms = key_bias.float() * LOG2E  # (B|1, H|1, Lk)
+    starts = ends = None
+    if key_mask is not None:
+        terms = terms.masked_fill(~key_mask[:, None, :], float("-inf"))  # (B, H|1, Lk)
+        starts, ends = _mask_bounds(key_mask)  # (B,), (B,)
+    terms = torch.nn.functional.pad(terms, (0, KEY_PAD), value=float("-inf"))  # (.., Lk + KEY_PAD)
+    terms[..., -1] = 1.0  # read as "holes": no tile skips the terms
+    kept = (terms, starts, ends)
+    if key is not None:
+        _last_key_bias.keep(key, key_bias.device, named, kept)
+    return kept
+
+
 _UNUSED: dict[torch.device, torch.Tensor] = {}
 _UNUSED_VALUES: dict[torch.device, torch.Tensor] = {}
 
@@ -1216,6 +1254,7 @@ def triton_attention(
     slopes: torch.Tensor | None,
     key_ranges: tuple[tuple[int, ...], tuple[int, ...]] | None,
     key_mask: torch.Tensor | None = None,
+    key_bias: torch.Tensor | None = None,
     seed: torch.Tensor | None = None,
     spec: TritonSpec,
 ) -> torch.Tensor:
@@ -1224,8 +1263,9 @@ def triton_attention(
     ``values``: (Hb, Lq + Lk - 1) per-offset bias (Hb = 1 or H), read when ``spec.bias_kind`` is
     ``BIAS_OFFSETS``; ``slopes``: (H,) for the linear kinds; ``key_ranges``: per-example kept keys
     ``(starts, ends)``, whose tiles are skipped; ``key_mask``: a boolean (B, Lk) key padding mask of any
-    pattern (holes too), applied to every tile's keys (``-inf``) instead (nothing skipped); ``seed``: dropout's
-    (1,) int64 seed on the device (``spec.dropout_p > 0``).
+    pattern (holes too), applied to every tile's keys (``-inf``) instead (nothing skipped); ``key_bias``: a real
+    per-key term (B|1, H|1, Lk) added to every score (natural-log units, no gradient; ``spec.key_real``), the key mask
+    folded in; ``seed``: dropout's (1,) int64 seed on the device (``spec.dropout_p > 0``).
     """
     device = query.device
     if values is None or spec.bias_kind != BIAS_OFFSETS:
@@ -1238,7 +1278,9 @@ def triton_attention(
         ends = torch.tensor(key_ranges[1], device=device, dtype=torch.int32)
     slopes = slopes.float().contiguous()  # (H,): the kernels scale by log2(e) as they load
     key_terms = None
-    if key_mask is not None:
+    if key_bias is not None:
+        key_terms, starts, ends = _key_bias_terms(key_bias, key_mask)
+    elif key_mask is not None:
         key_terms, starts, ends = _key_mask_terms(key_mask)
     if seed is None:
         seed = _unused(device)  # never read (no dropout)

@@ -704,6 +704,61 @@ def _triton(call: _Call) -> torch.Tensor:
                             key_mask=call.key_mask, seed=seed, spec=spec)
 
 
+def key_bias_unavailable(query: torch.Tensor, value: torch.Tensor) -> str | None:
+    """Why :func:`key_bias_attention` cannot run on these tensors here (it runs only in the Triton kernel), or None."""
+    return triton_unavailable(query, value)
+
+
+def key_bias_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    key_bias: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    q_offset: int = 0,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale + key_bias[b, h, j] + mask) v`` in the Triton kernel: a real-valued term per key and
+    head, added to every tile's scores, exact for any key padding mask (holes too), nothing read back to the CPU.
+
+    What the ALiBi families' own per-key form needs where it is not a function of the offset: Bloom counts positions
+    past a padding mask's holes, Falcon hands its per-key values. ``key_bias``: ``(B|1, H|1, Lk)`` floating, added
+    after the logit scale, with no gradient (a tensor that requires one is refused); the other arguments as in
+    :func:`attention`. A query row that sees no key returns zeros. Raises ValueError where the kernel cannot run
+    (:func:`key_bias_unavailable` says why: triton missing, a CPU tensor outside Triton's interpreter, a dtype or
+    head dimension the kernel does not take)."""
+    from ._triton import BIAS_NONE, TritonSpec, triton_attention
+
+    _check_qkv(query, key, value)
+    batch, heads, query_length, dim = query.shape
+    key_length = key.shape[2]
+    check_tensor("key_bias", key_bias, shape="(B|1, H|1, Lk)")
+    if not key_bias.dtype.is_floating_point or key_bias.dim() != 3 or key_bias.shape[0] not in (1, batch) \
+            or key_bias.shape[1] not in (1, heads) or key_bias.shape[2] != key_length:
+        raise ValueError(f"key_bias must be a floating (B|1, H|1, Lk) = ({batch}|1, {heads}|1, {key_length}) tensor, got "
+                         f"{key_bias.dtype} of shape {tuple(key_bias.shape)}")
+    if key_bias.device != query.device:
+        raise ValueError(f"key_bias is on {key_bias.device}, query on {query.device}; move it with .to(query.device)")
+    if torch.is_grad_enabled() and key_bias.requires_grad:
+        raise ValueError("key_bias gets no gradient here (the kernel adds it as a constant); pass key_bias.detach(), or "
+                         "use attention(bias=...) for a term that learns")
+    causal, q_offset = check_bool("causal", causal), check_int("q_offset", q_offset, minimum=0)
+    dropout_p, scale = check_dropout_p("dropout_p", dropout_p), check_scale("scale", scale)
+    key_mask = check_key_mask(key_mask, batch, key_length, device=query.device)
+    refused = key_bias_unavailable(query, value) or (
+        "an empty query or key: nothing to compute" if query_length == 0 or key_length == 0 else None)
+    if refused:
+        raise ValueError(f"key_bias_attention cannot run this call: {refused}")
+    spec = TritonSpec(BIAS_NONE, causal and key_length - 1 > q_offset, 1.0 / math.sqrt(dim) if scale is None else scale,
+                      q_offset, None, torch.are_deterministic_algorithms_enabled(), dropout_p, key_real=True)
+    seed = draw_seed_tensor(query.device) if dropout_p else None
+    return triton_attention(query, key, value, values=None, slopes=None, key_ranges=None, key_mask=key_mask,
+                            key_bias=key_bias, seed=seed, spec=spec)  # (B, H, Lq, dv)
+
+
 @dataclass(frozen=True)
 class _Implementation:
     """A backend's one shape: why it cannot run a call (``None`` when it can), and how it runs one."""
