@@ -57,6 +57,7 @@ class Variant:
     flat: bool = False  # T5's flat ranges (the values constant beyond max_distance)
     ranges: bool = False  # per-example key ranges (padding skipped by tiles)
     key_mask: bool = False  # a key mask read per key (KEYBIAS)
+    key_bias: bool = False  # a real-valued term per key and head (key_bias_attention: Bloom's, Falcon's ALiBi; KEYREAL)
     dropout: float = 0.0
     backward: bool = False  # also the three backward kernels, with the values' gradient for per-offset values
     deterministic: bool = False
@@ -82,6 +83,7 @@ VARIANTS = (
     Variant("T5 table, training, deterministic", "offsets", flat=True, backward=True, deterministic=True),
     Variant("T5 table, training, dropout 0.1", "offsets", flat=True, backward=True, dropout=0.1),
     Variant("T5 table, training, key mask on the device", "offsets", flat=True, key_mask=True, backward=True),
+    Variant("per-key ALiBi (Bloom, Falcon), causal, training", causal=True, key_mask=True, key_bias=True, backward=True),
     Variant("T5, fp16", "offsets", flat=True, dtype="float16"),
     Variant("T5, fp32", "offsets", flat=True, dtype="float32"),
     Variant("T5, d = 128", "offsets", flat=True, head_dim=128),
@@ -171,7 +173,7 @@ def _spec(variant: Variant, length: int):
              "causal_linear": _triton.BIAS_CAUSAL_LINEAR, "symmetric_linear": _triton.BIAS_SYMMETRIC_LINEAR}
     flat = (length - 1 - 128, length - 1 + 128) if variant.flat else None  # T5's values constant past +-128
     return _triton.TritonSpec(kinds[variant.bias], variant.causal, variant.head_dim ** -0.5, variant.q_offset, flat,
-                              variant.deterministic, variant.dropout)
+                              variant.deterministic, variant.dropout, key_real=variant.key_bias)
 
 
 def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int = 1024) -> list[tuple[str, object]]:
@@ -186,7 +188,7 @@ def compile_variant(variant: Variant, arch: int = 90, blocks=None, length: int =
     if variant.ranges or variant.key_mask:
         starts, ends = torch.zeros(2, dtype=torch.int32), torch.full((2,), length, dtype=torch.int32)
     if variant.key_mask:
-        key_terms = torch.zeros(2, 1, length + _triton.KEY_PAD)
+        key_terms = torch.zeros(2, 4 if variant.key_bias else 1, length + _triton.KEY_PAD)  # (B, H|1, Lk + KEY_PAD)
     seed = torch.zeros(1, dtype=torch.int64)
     spec = _spec(variant, length)
     padded = _triton._padded_values(values, spec)

@@ -256,6 +256,40 @@ def test_bloom_padding_with_holes_counts_positions_as_bloom():
     compare_training(reference, accelerated, ids, mask, labels)
 
 
+@pytest.mark.parametrize("family", ["bloom", "falcon"])
+def test_on_the_kernels_device_a_prompt_takes_the_per_key_alibi_in_the_kernel(family, monkeypatch):
+    """Where the Triton kernel runs (a GPU; here the CPU under Triton's interpreter, added to the kernel's devices),
+    a prompt takes the model's own per-key ALiBi in the kernel (key_bias_attention): no check of the padding read
+    back (Bloom's contiguous()), no extra channel (Falcon's fold); logits, loss and every gradient equal
+    transformers' with left padding, a hole in the padding (Bloom's positions skip it) and an example with no real
+    token; and the per-key term moves the logits far beyond the tolerance."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(hf_alibi, "PER_KEY_KERNEL_DEVICES", ("cuda", "cpu"))
+    module = importlib.import_module(f"relpos.hf.{family}")
+    calls = []
+    real = hf_alibi.key_bias_attention
+    monkeypatch.setattr(hf_alibi, "key_bias_attention", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    refused = lambda *a, **kw: pytest.fail("the kernel route needs neither the padding check nor the channel")  # noqa: E731
+    monkeypatch.setattr(module, "per_key_channel", refused)
+    if family == "bloom":
+        monkeypatch.setattr(module, "contiguous", refused)
+    reference, accelerated = pair(family)
+    ids, mask, labels = hf_checks.padded_decoder_batch(hf_checks.ALIBI_VOCAB, 4, 24)  # past PER_KEY_ROWS
+    mask[0, :5] = 0  # left padding
+    mask[1, 9:12] = 0  # a hole
+    mask[3] = 0  # no real token
+    ids, labels = ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100)
+    labels[3, -1] = 5  # one label, so the example with no real token has a gradient too
+    compare_training(reference, accelerated, ids, mask, labels)
+    assert len(calls) == accelerated.config.num_hidden_layers and all(shape[2] == 24 for shape in calls), calls
+    with monkeypatch.context() as patch, torch.no_grad():
+        hf_checks.zero_alibi(patch)
+        plain = reference(input_ids=ids, attention_mask=mask).logits
+    reference.eval()
+    with torch.no_grad():
+        assert (reference(input_ids=ids, attention_mask=mask).logits - plain).abs().max() > 1e-2
+
+
 def test_contiguity_is_read_once_per_mask_and_again_when_it_changes():
     """Every layer of a forward checks the same mask: the second check reads nothing (no operator, no read back to
     the host); the same tensor changed in place, or another mask, is checked again."""

@@ -56,12 +56,12 @@ from ..core.bias import OffsetBias
 from ..encodings.alibi import ALiBi
 from ..backends._head_dim import fused_head_dim
 from ..backends._masks import branch_free
-from ..backends.dispatch import attention
+from ..backends.dispatch import attention, key_bias_attention, key_bias_unavailable
 from ._positioned import future_keys, positioned_offsets
 
 __all__ = [
-    "MASK_NAME", "PER_KEY_ROWS", "PerKey", "alibi_attention", "cache_position", "check_fits", "contiguous",
-    "key_padding_mask", "keys_of_cache", "patch_instances", "per_key_channel",
+    "MASK_NAME", "PER_KEY_KERNEL_DEVICES", "PER_KEY_ROWS", "PerKey", "alibi_attention", "cache_position", "check_fits",
+    "contiguous", "key_padding_mask", "keys_of_cache", "patch_instances", "per_key_channel", "per_key_kernel",
 ]
 
 MASK_NAME = "relpos_alibi"
@@ -321,6 +321,57 @@ def _decoding_rows(query, key, value, bias: PerKey | torch.Tensor, key_mask: tor
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=terms, scale=scale, **gqa)
 
 
+#: devices whose long calls take a model's own per-key ALiBi (:class:`PerKey`) in the Triton kernel
+#: (:func:`relpos.backends.dispatch.key_bias_attention`); tests add "cpu" to run it under Triton's interpreter
+PER_KEY_KERNEL_DEVICES = ("cuda",)
+
+
+def per_key_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                   position: torch.Tensor | int | None, output_attentions: bool = False) -> bool:
+    """Whether a call takes the model's own per-key ALiBi (:class:`PerKey`) in the Triton kernel, added to every
+    tile's scores: on a GPU with triton, for the dtypes and head dimensions the kernel takes, with a 2-D padding mask
+    or none, the queries the last keys (not a static cache's, at a tensor position), unless the weights are asked
+    for or it is a decoding step (a few rows without gradients: one SDPA call with the dense term, which needs no
+    launch of the kernel). Exact for any padding (Bloom's positions skip a mask's holes), with no ``(B, H, Lq, Lk)``
+    term, no extra channel (Falcon's fold copied q, k and v and doubled the kernel's head dimension) and nothing
+    read back to the CPU (Bloom checked whether its padding is one run of keys, every forward)."""
+    query_length, key_length = query.shape[2], key.shape[2]
+    at_end = position is None or (not torch.is_tensor(position) and position == key_length - query_length)
+    decoding = query_length <= PER_KEY_ROWS and not torch.is_grad_enabled()
+    return (query.device.type in PER_KEY_KERNEL_DEVICES and at_end and not decoding and not output_attentions
+            and (mask is None or mask.dim() == 2) and key_bias_unavailable(query, value) is None)
+
+
+_last_scaled = KeptResult()  # _scaled_per_key()'s last values and result
+
+
+def _scaled_per_key(bias: PerKey, key_length: int) -> torch.Tensor:
+    """(B, H, Lk) fp32: ``bias``'s values times its factor, detached; kept, so the layers of a forward that share the
+    model's one per-key tensor hand the kernel one tensor (whose terms the kernel's wrapper keeps in turn)."""
+    key = (storage_key(bias.values), bias.factor, key_length) if may_reuse(bias.values.device) else None
+    kept = None if key is None else _last_scaled.get(key, bias.values.device)
+    if kept is None:
+        kept = (keys_of_cache(bias.values, key_length).detach().float() * bias.factor)  # (B, H, Lk)
+        if key is not None:
+            _last_scaled.keep(key, bias.values.device, (bias.values,), kept)
+    return kept
+
+
+def _per_key_in_kernel(query, key, value, bias: PerKey, mask: torch.Tensor | None, scale: float, dropout_p: float,
+                       scores_learn: bool) -> torch.Tensor:
+    """(B, H, Lq, dv): causal attention with ``bias``'s per-key values in the kernel; a row that sees no real key
+    (left padding) gets the mean of the values, as in transformers."""
+    query_length, key_length = query.shape[2], key.shape[2]
+    out = key_bias_attention(query, key, value, key_bias=_scaled_per_key(bias, key_length), key_mask=mask,
+                             causal=True, scale=scale, dropout_p=dropout_p, q_offset=key_length - query_length)
+    if mask is None:
+        return out
+    dead, any_dead = _dead_rows(mask, query_length, key_length - query_length)  # (B, 1, Lq, 1)
+    if any_dead:
+        out = torch.where(dead, _uniform_rows(query, key, value, scale, scores_learn), out)  # (B, H, Lq, dv)
+    return out
+
+
 _last_dead = KeptResult()  # _dead_rows()'s last mask, query rows and answer
 
 
@@ -405,6 +456,8 @@ def alibi_attention(
     the mean of the values (uniform weights), as in transformers, with its gradient
     (``scores_learn``: the model adds its mask, so those rows' scores still get gradients).
     """
+    if isinstance(bias, PerKey) and per_key_kernel(query, key, value, mask, position, output_attentions):
+        return _per_key_in_kernel(query, key, value, bias, mask, scale, dropout_p, scores_learn), None
     query_length, key_length = query.shape[2], key.shape[2]
     q_offset = key_length - query_length
     static = position is not None and (torch.is_tensor(position) or position != q_offset)

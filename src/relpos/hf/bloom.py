@@ -8,7 +8,9 @@ the same scores up to a constant per query row (see :mod:`relpos.hf.alibi`). A p
 holes (not one run of real tokens per example) changes Bloom's positions; such a batch takes the
 exact per-key path (:func:`~relpos.hf.alibi.per_key_channel`). Under ``torch.compile`` every batch
 with a padding mask takes the per-key path: which path fits is a fact about the mask's values, a
-data-dependent branch that ``fullgraph=True`` refuses; the per-key path is exact for any mask.
+data-dependent branch that ``fullgraph=True`` refuses; the per-key path is exact for any mask. On a GPU with
+triton a long call takes Bloom's own per-key alibi in the Triton kernel instead (added to every tile's scores:
+exact for any padding, no check of the mask read back, no extra channel; :func:`~relpos.hf.alibi.per_key_kernel`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..encodings.alibi import ALiBi
 from ._family import Family, register
 from .alibi import (
     PER_KEY_ROWS, PerKey, alibi_attention, cache_position, check_fits, contiguous, model_alibi, patch_instances,
-    per_key_channel,
+    per_key_channel, per_key_kernel,
 )
 
 __all__ = ["FAMILY"]
@@ -55,9 +57,12 @@ def _forward(module: nn.Module, alibi_bias: ALiBi, hidden_states, residual, alib
     dropout_p = module.attention_dropout.p if module.training else 0.0
     scale = module.inv_norm_factor
     few_rows = query_length <= PER_KEY_ROWS  # a decoding step
-    if few_rows or _per_offset_fits(attention_mask):
-        # Bloom's scores: inv_norm_factor * q.k + beta * alibi (baddbmm); a few rows take its own alibi as it is
-        bias = PerKey(alibi.view(batch, module.num_heads, -1), module.beta) if few_rows else alibi_bias
+    in_kernel = per_key_kernel(query, key, value, attention_mask, position, output_attentions)
+    if few_rows or in_kernel or _per_offset_fits(attention_mask):
+        # Bloom's scores: inv_norm_factor * q.k + beta * alibi (baddbmm); a few rows, and long ones on a GPU (in the
+        # Triton kernel, per key: any padding, nothing read back), take its own alibi as it is
+        own = few_rows or in_kernel
+        bias = PerKey(alibi.view(batch, module.num_heads, -1), module.beta) if own else alibi_bias
         out, weights = alibi_attention(query, key, value, bias=bias, mask=attention_mask, scale=scale,
                                        dropout_p=dropout_p, output_attentions=output_attentions, position=position)
     else:  # holes in the padding (or compiled): Bloom's positions skip holes; its own per-key values in a channel

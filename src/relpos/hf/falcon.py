@@ -9,7 +9,8 @@ per-key values and folds them into one extra query/key channel
 (:func:`relpos.hf.alibi.per_key_channel`): exact, ``O(B H L)`` memory, and causal masking and
 padding go to :func:`relpos.attention` as a causal flag and a ``(B, Lk)`` key mask. A decoding step
 (a few query rows) takes the per-key values as a ``(B, H, Lq, Lk)`` term instead: as small, and no
-copy of the key/value cache.
+copy of the key/value cache. On a GPU with triton a prompt takes them in the Triton kernel, added to every
+tile's scores (:func:`relpos.hf.alibi.per_key_kernel`): no channel, no copy of q, k and v.
 Multi-query and grouped key/value heads (``multi_query``, ``new_decoder_architecture``) are kept.
 Falcon with ``alibi=False`` (rotary positions) is not an ALiBi model and is refused.
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 from torch import nn
 
 from ._family import Family, register
-from .alibi import PER_KEY_ROWS, PerKey, alibi_attention, cache_position, check_fits, patch_instances, per_key_channel
+from .alibi import (
+    PER_KEY_ROWS, PerKey, alibi_attention, cache_position, check_fits, patch_instances, per_key_channel, per_key_kernel,
+)
 
 __all__ = ["FAMILY"]
 
@@ -45,7 +48,9 @@ def _forward(module: nn.Module, hidden_states, alibi, attention_mask, position_i
         key, value = layer_past.update(key, value, module.layer_idx)  # (B, Hkv, Lk, d)
     per_key = alibi.view(batch, module.num_heads, -1)  # (B, H, <= Lk): added before the 1/sqrt(d)
     bias = None
-    if query_length <= PER_KEY_ROWS:  # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache
+    if query_length <= PER_KEY_ROWS or per_key_kernel(query, key, value, attention_mask, position, output_attentions):
+        # decoding: the per-key term as a (B, H, Lq, Lk) bias, no copy of the cache; on a GPU with triton, a prompt
+        # too: the per-key term in the kernel, added to every tile's scores
         bias = PerKey(per_key, module.inv_norm_factor)
     else:  # a prompt: the per-key term folded into one extra channel, O(B H L)
         query, key, value = per_key_channel(query, key, value, per_key)  # (B, H, L, d + 1)
