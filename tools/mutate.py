@@ -75,6 +75,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "fused_tile": ("tests/backends/test_backends.py", "tests/distributed/test_ring.py"),
     "process": ("tests/distributed/test_exit_process.py",),
     "decomposed_triton": ("tests/encodings/test_decomposed_triton.py",),
+    "key_bias": ("tests/backends/test_triton.py::test_key_bias_forward_and_gradients_equal_the_fp64_oracle",
+                 "tests/hf/test_hf_alibi.py::test_on_the_kernels_device_a_prompt_takes_the_per_key_alibi_in_the_kernel"),
 }
 
 
@@ -255,6 +257,9 @@ MUTANTS: list[Mutant] = [
     Mutant("decomposed-triton-columns-unmasked", "backends/_triton_decomposed.py", "return tl.where(cols_ok[None, :], bw, float(\"-inf\"))", "return bw", "decomposed Triton kernels: the columns past the key grid's width not masked (padding keys get weight)", "decomposed_triton"),
     Mutant("decomposed-triton-lse-natural-log", "backends/_triton_decomposed.py", "m_i + tl.log2(l_i)", "m_i + tl.log(l_i)", "decomposed Triton forward: the base-2 log-sum-exp stored with a natural log (the backward's weights wrong)", "decomposed_triton"),
     Mutant("buckets-at-clamp-short", "encodings/buckets.py", "ramp[rel.clamp(-max_distance, max_distance) + max_distance]", "ramp[rel.clamp(-max_distance + 1, max_distance - 1) + max_distance]", "static cache's buckets: offsets clamped one short of max_distance (max_distance itself takes its neighbour's bucket)", "buckets"),
+    Mutant("key-bias-dkdv-without-the-term", "backends/_triton.py", "        st = st + kt[:, None]\n", "        st = st\n", "Triton dk/dv: a real per-key term left out of the recomputed scores (dk and dv of the wrong weights)", "key_bias"),
+    Mutant("key-bias-flag-no-holes", "backends/_triton.py", "    terms[..., -1] = 1.0  # read as \"holes\": no tile skips the terms", "    terms[..., -1] = 0.0", "per-key terms flagged as a mask without holes: the forward and dq skip the term", "key_bias"),
+    Mutant("key-bias-factor-dropped", "hf/alibi.py", ".detach().float() * bias.factor)  # (B, H, Lk)", ".detach().float())  # (B, H, Lk)", "ALiBi families in the kernel: the per-key values without their factor (Bloom's beta, Falcon's 1/sqrt(d))", "key_bias"),
 ]
 
 
