@@ -1,6 +1,6 @@
 """One command for a lent GPU: the GPU tests and every GPU benchmark, each step's results written to OUT.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,tests_kernel,tests_models,sam,sam_layer,swin] [--budget 540]
+    PYTHONPATH=src:tests python benchmarks/gpu_session.py --out OUT [--only kernel,t5,bloom,mpt,falcon,tests_kernel,tests_models,sam,sam_layer,swin] [--budget 540]
         [--limits kernel=120,t5=150] [--kernel-cases t5_forward,alibi_forward]
 
 GPU time is scarce (a session gets minutes), so the steps run in order of what they decide, each under
@@ -18,7 +18,7 @@ Steps:
   cost), with ``--profile`` (torch.profiler's CPU and CUDA time per call at L = 4096) and ``--throughput 10``
   (10 back-to-back calls per sample, as inside a model); ``--kernel-cases`` keeps some cases (FlexAttention
   compiles per shape for 10-20 s, so all cases take about 250 s after the sweep's 90 s);
-* ``t5``, ``bloom``, ``mpt``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
+* ``t5``, ``bloom``, ``mpt``, ``falcon``: benchmarks/t5_model.py, the model against transformers' fastest on the same GPU
   (T5 and Bloom with compiled static-cache generation, which transformers compiles itself on CUDA), with
   ``--profile``: per variant and point, the GPU's busy time against the wall time, the attention kernels' share,
   the host syncs and the top kernels (where a target is missed, that says why);
@@ -73,6 +73,10 @@ STEPS = {  # name -> (seconds at most, command); run in this order
                  "--modes", "forward,train,generate", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
                  "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60",
                  "--profile", "--json", "{out}/mpt.json", "--markdown", "{out}/mpt.md"]),
+    "falcon": (90, [sys.executable, "benchmarks/t5_model.py", "--family", "falcon", "--lengths", "2048", "--batches", "2",
+                    "--modes", "forward,train", "--rounds", "5", "--d-model", "512", "--heads", "8", "--layers", "2",
+                    "--device", "cuda", "--dtype", "bfloat16", "--memory-limit-gib", "60", "--profile",
+                    "--json", "{out}/falcon.json", "--markdown", "{out}/falcon.md"]),
     "tests_kernel": (90, [*_PYTEST, *GPU_KERNEL_TEST_FILES]),
     "tests_models": (90, [*_PYTEST, *GPU_MODEL_TEST_FILES]),
     "sam": (90, [sys.executable, "benchmarks/sam.py", "--mode", "encoder", "--rounds", "5", "--device", "cuda",
