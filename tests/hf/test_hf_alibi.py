@@ -79,6 +79,29 @@ def compare_training(reference, accelerated, ids, mask, labels):
         assert_close(gb[name], ga[name], what=name)
 
 
+def _hard_padding(length):
+    """A batch of 4: left padding, a hole in the padding (Bloom's positions skip it), an example with no real token
+    (with one label, so it has a gradient too), and a full one."""
+    ids, mask, labels = hf_checks.padded_decoder_batch(hf_checks.ALIBI_VOCAB, 4, length)
+    mask[0, :4] = 0  # left padding
+    mask[1, 5:7] = 0  # a hole
+    mask[1, 7:] = 1
+    mask[3] = 0  # no real token
+    ids, labels = ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100)
+    labels[3, -1] = 5
+    return ids, mask, labels
+
+
+def _assert_alibi_matters(reference, ids, mask, monkeypatch):
+    """transformers' own logits move far beyond the tests' tolerance when its ALiBi is zeroed."""
+    with monkeypatch.context() as patch, torch.no_grad():
+        hf_checks.zero_alibi(patch)
+        plain = reference(input_ids=ids, attention_mask=mask).logits
+    reference.eval()
+    with torch.no_grad():
+        assert (reference(input_ids=ids, attention_mask=mask).logits - plain).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_loss_and_every_gradient_equal_transformers(family):
     reference, accelerated = pair(family)
@@ -90,27 +113,15 @@ def test_a_few_rows_train_through_the_per_key_term_like_transformers(family, mon
     """A prompt of at most PER_KEY_ROWS tokens takes the model's own per-key ALiBi (PerKey) on the general path when
     gradients are on: logits, loss and every gradient equal transformers' with left padding, a hole in the padding
     and an example with no real token, and the ALiBi changes the logits far beyond the tolerance."""
-    length = hf_alibi.PER_KEY_ROWS - 2
     reference, accelerated = pair(family)
-    ids, mask, labels = hf_checks.padded_decoder_batch(hf_checks.ALIBI_VOCAB, 4, length)
-    mask[0, :4] = 0  # left padding
-    mask[1, 5:7] = 0  # a hole
-    mask[1, 7:] = 1
-    mask[3] = 0  # no real token
-    ids, labels = ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100)
-    labels[3, -1] = 5  # one label, so the example with no real token has a gradient too
+    ids, mask, labels = _hard_padding(hf_alibi.PER_KEY_ROWS - 2)
     seen = []
     real = hf_alibi.alibi_attention
     monkeypatch.setattr(importlib.import_module(f"relpos.hf.{family}"), "alibi_attention",
                         lambda *a, **kw: seen.append(type(kw["bias"]).__name__) or real(*a, **kw))
     compare_training(reference, accelerated, ids, mask, labels)
     assert seen and set(seen) == {"PerKey"}, seen
-    with monkeypatch.context() as patch, torch.no_grad():
-        hf_checks.zero_alibi(patch)
-        plain = reference(input_ids=ids, attention_mask=mask).logits
-    reference.eval()
-    with torch.no_grad():
-        assert (reference(input_ids=ids, attention_mask=mask).logits - plain).abs().max() > 1e-2
+    _assert_alibi_matters(reference, ids, mask, monkeypatch)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -274,20 +285,10 @@ def test_on_the_kernels_device_a_prompt_takes_the_per_key_alibi_in_the_kernel(fa
     if family == "bloom":
         monkeypatch.setattr(module, "contiguous", refused)
     reference, accelerated = pair(family)
-    ids, mask, labels = hf_checks.padded_decoder_batch(hf_checks.ALIBI_VOCAB, 4, 24)  # past PER_KEY_ROWS
-    mask[0, :5] = 0  # left padding
-    mask[1, 9:12] = 0  # a hole
-    mask[3] = 0  # no real token
-    ids, labels = ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, -100)
-    labels[3, -1] = 5  # one label, so the example with no real token has a gradient too
+    ids, mask, labels = _hard_padding(24)  # past PER_KEY_ROWS
     compare_training(reference, accelerated, ids, mask, labels)
     assert len(calls) == accelerated.config.num_hidden_layers and all(shape[2] == 24 for shape in calls), calls
-    with monkeypatch.context() as patch, torch.no_grad():
-        hf_checks.zero_alibi(patch)
-        plain = reference(input_ids=ids, attention_mask=mask).logits
-    reference.eval()
-    with torch.no_grad():
-        assert (reference(input_ids=ids, attention_mask=mask).logits - plain).abs().max() > 1e-2
+    _assert_alibi_matters(reference, ids, mask, monkeypatch)
 
 
 def test_contiguity_is_read_once_per_mask_and_again_when_it_changes():
