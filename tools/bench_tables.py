@@ -136,12 +136,11 @@ TABLES: list[Table] = [
     *_same_name("gpu", ["t5", "bloom", "mpt"], model_tables),
     Table("gpu/kernel-tables.md", "gpu/kernel.json", gpu_kernel_tables),
     Table("gpu/kernel-sweep-tables.md", "gpu/kernel-sweep.json", gpu_kernel_tables),
-    *[Table("gpu/kernel-anatomy.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("", "-tiles")],
+    Table("gpu/kernel-anatomy.md", "gpu/kernel-anatomy.json", kernel_anatomy_table),
     *[Table("gpu/kernel-anatomy-decomposed.md", f"gpu/kernel-anatomy-decomposed{run}.json", kernel_anatomy_table)
       for run in ("", "-before")],
     *[Table("gpu/kernel-anatomy-compare.md", f"gpu/kernel-anatomy{run}.json", kernel_anatomy_table)
-      for run in ("-before-ramp", "-before-branch", "-triton3.9", "-backward-tiles")],
+      for run in ("-before-ramp", "-before-branch", "-triton3.9", "-backward-tiles", "-tiles")],
     *[Table("gpu/decoding-step.md", f"gpu/decoding-step{run}.json", decoding_step_table) for run in ("", "-before", "-static", "-compiled")],
     *[Table("gpu/triton-host.md", f"gpu/triton-host{run}.json", triton_host_table) for run in ("", "-before")],
     *_same_name("t5-family", [
