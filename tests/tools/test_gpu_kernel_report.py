@@ -36,6 +36,9 @@ def test_ratios_and_verdicts_follow_the_numbers():
     assert "| fwd_offsets | (64, 32, 4, 3): 1.25 |" in report.sweep(PAYLOAD)
     assert "- t5_forward: sdpa_no_bias 0.50 (1.00x), relpos_triton 0.80 (1.60x)" in report.throughput(PAYLOAD)
     assert "| t5_forward/relpos_triton | 918 |" in report.profile(PAYLOAD)
+    assert "kernels counted twice" in report.profile(PAYLOAD)  # a run before the kernels' own time was recorded
+    new = {"profile": {"t5_forward/relpos_triton": {"kernel_us_per_call": 459.0, "cpu_us_per_call": 1.0}}}
+    assert "| t5_forward/relpos_triton | 459 |" in report.profile(new) and "twice" not in report.profile(new)
     assert "not measured" in report.throughput({}) and "not measured" in report.profile({})
 
 
