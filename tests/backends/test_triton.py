@@ -879,6 +879,33 @@ def test_key_bias_forward_and_gradients_equal_the_fp64_oracle(shape, mask):
         torch.testing.assert_close(g.cpu().double(), e, atol=5e-5, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("batch,lq,lk,q_offset,empty", [
+    (1, 16, 16, 0, False), (1, 17, 17, 0, False), (1, 15, 15, 0, False),  # one example; a block's length +-1
+    (3, 31, 31, 0, True),  # an example with no real key (its rows: zeros, no gradient)
+    (2, 20, 33, 13, False),  # Lq != Lk: the queries the last 20 of 33 keys
+])
+def test_key_bias_shapes_users_send(batch, lq, lk, q_offset, empty):
+    """Batch size 1, lengths at a tile's boundary (the interpreter's 16-key tiles) and one past it, an all-padding
+    example, Lq != Lk: forward and every gradient equal the fp64 oracle."""
+    from relpos.backends.dispatch import key_bias_attention
+
+    q, k, v = (t.to(DEVICE).requires_grad_() for t in qkv(batch, lq, lk))
+    term = torch.randn(batch, H, lk, generator=torch.Generator().manual_seed(6)) * 3
+    keep = torch.ones(batch, lk, dtype=torch.bool)
+    keep[0, :2] = False  # left padding
+    if empty:
+        keep[-1] = False
+    out = key_bias_attention(q, k, v, key_bias=term.to(DEVICE), key_mask=keep.to(DEVICE), causal=True, q_offset=q_offset)
+    cpu = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    want = attend(*cpu, term.double()[:, :, None, :].expand(batch, H, lq, lk), causal=True, keep=keep, q_offset=q_offset)
+    torch.testing.assert_close(out.cpu().double(), want, atol=2e-5, rtol=1e-5)
+    if empty:
+        assert out[-1].abs().max() == 0
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    for name, g, e in zip("qkv", torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(want, cpu, grad.cpu().double())):
+        torch.testing.assert_close(g.cpu().double(), e, atol=5e-5, rtol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=BF16_ON_GPU), torch.float16])
 def test_key_bias_decoding_rows_in_low_precision(dtype):
     """A few query rows at the end of the keys (q_offset, not causal past their position) and 16-bit inputs within
