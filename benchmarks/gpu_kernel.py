@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
+from relpos._measure import kernel_events
 from relpos.backends import _triton
 
 DTYPE = torch.bfloat16
@@ -63,8 +64,7 @@ def profile(fn, path: str, title: str, calls: int = 10) -> dict:
     events = prof.key_averages()
     with open(path, "a") as fh:
         fh.write(f"## {title}\n\n{events.table(sort_by='cuda_time_total', row_limit=25)}\n\n")
-    # the device's own events only (kernels, copies): a CPU operator's self CUDA time is its kernels' again
-    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / calls
+    kernel_us = sum(e.self_device_time_total for e in kernel_events(events)) / calls
     cpu_us = sum(e.self_cpu_time_total for e in events) / calls
     return {"kernel_us_per_call": kernel_us, "cpu_us_per_call": cpu_us}
 

@@ -134,6 +134,12 @@ SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchr
 ATTENTION_NAMES = re.compile(r"attention|attn|flash|fmha|sdpa|_fwd_kernel|_dkdv|_dq_|_delta|flex")
 
 
+def kernel_events(events) -> list:
+    """The device's own events of a torch.profiler ``key_averages()`` (kernels, copies, memsets): summing these
+    counts each kernel once, where a CPU operator's self CUDA time would count its kernels again."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def profile_call(fn: Callable[[], None], cuda: bool, calls: int = 3, top: int = 6) -> dict:
     """Where one call's time goes, by torch.profiler over ``calls`` calls (after one unprofiled call): per call, the
     wall time, the GPU's busy time (the kernels' and copies' own time: far below the wall time, the GPU waited for
@@ -155,7 +161,7 @@ def profile_call(fn: Callable[[], None], cuda: bool, calls: int = 3, top: int = 
         wall_ms = (time.perf_counter() - start) * 1e3 / calls
     events = prof.key_averages()
     if cuda:
-        timed = [(e.key, e.self_device_time_total) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        timed = [(e.key, e.self_device_time_total) for e in kernel_events(events)]
     else:
         timed = [(e.key, e.self_cpu_time_total) for e in events]
     per_call = sorted(((name, us / calls / 1e3) for name, us in timed if us > 0), key=lambda x: -x[1])  # (name, ms)
