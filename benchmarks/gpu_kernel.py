@@ -28,7 +28,7 @@ from relpos._measure import kernel_events
 from relpos.backends import _triton
 
 DTYPE = torch.bfloat16
-torch._dynamo.config.recompile_limit = 1024  # every flex variant compiles per shape and score_mod
+DEVICE = "cuda"  # tests/benchmarks/test_gpu_kernel.py runs the tile sweep's checks on the CPU, under the interpreter
 
 
 REPEAT = 1  # calls per timed sample (--repeat): more than one lets the CPU run ahead of the GPU, as in a model
@@ -191,13 +191,13 @@ def relpos_route(q, k, v, bias, backend, **kw):
 
 # ------------------------------------------------------------------------------------------- cases
 def make_inputs(batch, heads, length, dim, *, grad):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    return [torch.randn(batch, heads, length, dim, device="cuda", dtype=DTYPE, generator=g).requires_grad_(grad)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    return [torch.randn(batch, heads, length, dim, device=DEVICE, dtype=DTYPE, generator=g).requires_grad_(grad)
             for _ in range(3)]
 
 
 def t5(heads, *, bidirectional=True, grad=False):
-    bias = relpos.T5RelativeBias(heads, bidirectional=bidirectional).cuda()
+    bias = relpos.T5RelativeBias(heads, bidirectional=bidirectional).to(DEVICE)
     with torch.no_grad():
         bias.relative_attention_bias.weight.normal_(0, 1.0)
     return bias.requires_grad_(grad)
@@ -355,19 +355,57 @@ def _fastest(times: dict, options: list):
     return min((o for o in options if times[str(o)] is not None), key=lambda o: times[str(o)])
 
 
+#: The largest difference a tile shape may make, relative to the largest value of each result (output, gradients),
+#: against the kernel's shipped tiles on the same bf16 inputs: only the order of fp32 sums and one bf16 rounding of
+#: the output change with the tiles; a tile that skips or repeats a block is off by the order of the values.
+SWEEP_TOLERANCE = 0.02
+
+
+def results(run, leaves: list) -> list:
+    """What a tile shape must not change: the call's output and, for a training step, the gradients of ``leaves``.
+    The generators are reseeded first, so a call with dropout draws the same seed, hence the same mask (drawn per
+    score, not per tile: tests/backends/test_triton.py)."""
+    for leaf in leaves:
+        leaf.grad = None
+    torch.manual_seed(0)
+    out = run()
+    if not leaves:
+        return [out.float()]
+    out.backward(torch.ones_like(out))
+    return [out.detach().float()] + [leaf.grad.float() for leaf in leaves]
+
+
+def disagreement(got: list, want: list) -> float:
+    """The largest |got - want| of any result, relative to that result's largest |want|."""
+    return max(float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6) for a, b in zip(got, want))
+
+
 def sweep(batch, heads, length, dim, rounds) -> dict:
     """Time tile configurations: the forward with no term, the forward with T5's per-offset values (tile and
     gather split), the T5 training step's two backward kernels (dk/dv also with dropout 0.1); keep the fastest of
-    each (``_triton.GPU_BLOCKS[64]``)."""
+    each (``_triton.GPU_BLOCKS[64]``). A candidate is timed only if its output and gradients equal those of the
+    shipped tiles (``SWEEP_TOLERANCE``): a fast wrong shape is reported under ``"wrong"`` and never chosen."""
     q, k, v = make_inputs(batch, heads, length, dim, grad=True)
     bias = t5(heads, grad=True)
-    best = dataclasses.asdict(_triton.GPU_BLOCKS[64])
-    report = {}
+    shipped = _triton.GPU_BLOCKS[64]
+    best = dataclasses.asdict(shipped)
+    report = {"wrong": {}}  # a candidate whose results differ from the shipped tiles': never timed, never chosen
+    references = {}
 
     def timed_with(fields: dict, term, train: bool, **kw):
-        _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **fields))
+        leaves = [q, k, v, *term.parameters()] if train else []
         with torch.enable_grad() if train else torch.no_grad():
             run = relpos_route(*(t if train else t.detach() for t in (q, k, v)), term, "triton", **kw)
+            key = (term is None, train, tuple(sorted(kw.items())))
+            if key not in references:
+                _triton.GPU_BLOCKS[64] = shipped
+                references[key] = results(run, leaves)
+            _triton.GPU_BLOCKS[64] = _triton._Blocks(**dict(best, **fields))
+            error = disagreement(results(run, leaves), references[key])
+            if error > SWEEP_TOLERANCE:
+                report["wrong"][str(fields)] = error
+                print(f"sweep: {fields} differs from the shipped tiles by {error:.3g} (relative): left out", flush=True)
+                return None
             return measure({"x": run}, train=train, rounds=rounds)["x"]["ms"]
 
     report["fwd"] = {str(c): timed_with({"fwd": c}, None, False) for c in SWEEP_FWD}
@@ -429,6 +467,7 @@ def main(argv=None):
     parser.add_argument("--flex-lengths", default="4096", help="lengths at which the FlexAttention variants run "
                         "(each compiles for 10-20 s per shape)")
     args = parser.parse_args(argv)
+    torch._dynamo.config.recompile_limit = 1024  # every flex variant compiles per shape and score_mod
     os.makedirs(args.out, exist_ok=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     flex_lengths = {int(x) for x in args.flex_lengths.split(",") if x}

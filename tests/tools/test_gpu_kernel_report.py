@@ -34,6 +34,9 @@ def test_ratios_and_verdicts_follow_the_numbers():
     assert "(128, 128, 8, 3): failed" in report.sweep(PAYLOAD)
     assert "| t5 | 0.0010 | 0.0020 |" in report.errors(PAYLOAD)
     assert "| fwd_offsets | (64, 32, 4, 3): 1.25 |" in report.sweep(PAYLOAD)
+    assert "Left out" not in report.sweep(PAYLOAD)
+    wrong = {"sweep": {**PAYLOAD["sweep"], "wrong": {"{'fwd': (128, 128, 8, 3)}": 0.9}}}
+    assert "Left out, their results differing from the shipped tiles' (relative): {'fwd': (128, 128, 8, 3)} 0.9" in report.sweep(wrong)
     assert "- t5_forward: sdpa_no_bias 0.50 (1.00x), relpos_triton 0.80 (1.60x)" in report.throughput(PAYLOAD)
     assert "| t5_forward/relpos_triton | 918 |" in report.profile(PAYLOAD)
     assert "kernels counted twice" in report.profile(PAYLOAD)  # a run before the kernels' own time was recorded
