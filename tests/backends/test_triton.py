@@ -314,6 +314,34 @@ def test_inference_launches_without_autograd_and_equals_the_training_forward(mon
     torch.testing.assert_close(fast.double(), expected(bias, q, k, v, causal=True), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", sorted(_triton.GPU_BLOCKS))
+def test_the_gpus_tiles_for_each_head_dimension(head_dim, monkeypatch):
+    """The tiles a GPU launches for each head dimension (``GPU_BLOCKS``: 64 x 64 forwards, 32 x 128 dk/dv, 128-row
+    tiles for larger heads; the tests above run the interpreter's 16 x 16), here under the interpreter on small heads:
+    a causal, padded T5 training step with flat ranges (the per-offset forward, dk/dv and dq with the table's
+    gradient) and a symmetric ALiBi forward equal fp64."""
+    blocks = _triton.GPU_BLOCKS[head_dim]
+    monkeypatch.setattr(_triton, "_blocks", lambda dim, device: blocks)
+    bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=16))
+    q, k, v = qkv(2, 150, 150, seed=8)
+    keep = right_and_left_padded(150, 131, 7)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want_out = expected(bias, *exact, causal=True, keep=keep, grad=True)
+    want_out.square().sum().backward()
+    want = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.clone().double()]
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=True, key_mask=keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    alibi = BIASES["alibi_symmetric"]()
+    with torch.no_grad():
+        torch.testing.assert_close(run(alibi, q, k, v).cpu().double(), expected(alibi, q, k, v, causal=False),
+                                   atol=2e-5, rtol=1e-5)
+
+
 def test_grouped_key_value_heads():
     bias = BIASES["kerple"]()
     q, k, v = qkv(2, 33, 33, kv_heads=2)

@@ -53,6 +53,23 @@ def test_outputs_and_every_gradient_equal_the_fp64_reference(case):
     assert (plain.detach() - ref).abs().max() > 0.3  # the positions change the result far beyond the tolerance
 
 
+@pytest.mark.parametrize("grid", [(9, 40), (3, 64)])
+def test_the_gpus_tiles_equal_the_fp64_reference(grid, monkeypatch):
+    """The tiles a GPU launches (64 query rows, a column block as wide as a key row up to 64; its warps and stages),
+    here under the interpreter: a key row of 40 in one padded column block, of 64 in one whole block; 360 and 192 queries
+    cross a partial last query block."""
+    from relpos.backends import _triton_decomposed
+
+    monkeypatch.setattr(_triton_decomposed, "INTERPRETED", False)  # the launch options a GPU gets (not 16 x 16)
+    assert _triton_decomposed._launch_options(grid[1])["BM"] == 64
+    case = (grid, grid, 1, 2, 16)
+    ref, ref_grads = _run("reference", *case, torch.float64)
+    out, grads = _run("triton", *case, torch.float32)
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    for name, got, want in zip(("q", "k", "v", "rel_pos_h", "rel_pos_w"), grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * max(1.0, float(want.abs().max())), msg=name)
+
+
 def test_fp16_within_the_rounding_of_its_inputs():
     ref, ref_grads = _run("reference", (4, 5), (4, 5), 2, 2, 16, torch.float64)
     out, grads = _run("triton", (4, 5), (4, 5), 2, 2, 16, torch.float16)
