@@ -25,6 +25,9 @@ if not torch.cuda.is_available():
 
 from ci_env import in_ci
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n: the workers share the cores instead of each taking all
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; may skip under CI=true when there is none")
