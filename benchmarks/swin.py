@@ -4,7 +4,9 @@ A Swin V2 tiny-like model (embed 96, depths 2-2-6-2, heads 3-6-12-24, patch 4) a
 and 16, random weights. Modes: ``forward`` (``torch.no_grad``, eval) and ``train`` (forward,
 backward of the mean squared output, SGD step; train mode). Variants run interleaved in each
 round; times are medians, memory the peak the call adds (resident memory on the CPU, allocated
-memory on CUDA: :mod:`relpos._measure`). Before timing, the outputs and gradients of both variants
+memory on CUDA: :mod:`relpos._measure`). ``floor``: relpos's model with Swin's relative position bias dropped
+(the shift mask kept), attention without the position term: the fastest any position term could make the model
+(timed, not compared). Before timing, the outputs and gradients of both variants
 are compared (eval mode, same input, fp32 and fp64 on the run's device, whatever ``--dtype`` times).
 
     python benchmarks/swin.py --json docs/benchmarks/vision/swin.json --markdown docs/benchmarks/vision/swin.md
@@ -14,9 +16,11 @@ are compared (eval mode, same input, fp32 and fp64 on the run's device, whatever
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import platform
 import sys
+from unittest import mock
 
 import torch
 
@@ -24,9 +28,11 @@ from relpos._io import write_report
 from relpos._progress import Progress
 from relpos._measure import add_device_arguments, device_arguments, fix_mmap_threshold, is_cuda, timed_rounds
 from relpos.hf import accelerate, recompute_activations
+from relpos.hf import swin as relpos_swin
 
 VARIANTS = ("hf_eager", "relpos")
 RECOMPUTE = "relpos_recompute"  # training only: relpos.hf.recompute_activations (forward under no_grad is relpos)
+FLOOR = "floor"  # relpos's model without the position term (relpos.hf.swin._position_bias: None)
 TIMM = "timm"  # timm's SwinTransformerV2 of the same shape, where timm imports (its own weights: time and memory only)
 
 
@@ -143,13 +149,28 @@ def _runner(mode: str, model, pixels):
     return step
 
 
+@contextlib.contextmanager
+def no_position_term():
+    """While it runs, relpos's Swin attention adds no relative position bias (the shift mask stays)."""
+    with mock.patch.object(relpos_swin, "_position_bias", lambda module, kind: None):
+        yield
+
+
+def _floor_runner(run):
+    def floor():
+        with no_position_term():
+            run()
+
+    return floor
+
+
 def run(args) -> dict:
     torch.set_num_threads(args.threads) if args.threads else None
     device, dtype = args.device, getattr(torch, args.dtype)
     rows = []
     plan = [(w, m) for w in args.windows for m in args.modes]
     extra = _timm_class(args.family) is not None  # timm's model is timed too
-    progress = Progress(sum(args.rounds * (len(VARIANTS) + (mode == "train") + extra) for _, mode in plan))
+    progress = Progress(sum(args.rounds * (len(VARIANTS) + 1 + (mode == "train") + extra) for _, mode in plan))
     checks = {}
     for window in args.windows:
         base = _model(window, args.image, args.family).to(device)
@@ -163,6 +184,7 @@ def run(args) -> dict:
         timm_model = None if timm_model is None else timm_model.to(device, dtype)
         for mode in args.modes:
             variants = {name: _runner(mode, model, pixels) for name, model in models.items()}
+            variants[FLOOR] = _floor_runner(_runner(mode, accelerate(copy.deepcopy(base)), pixels))
             if mode == "train":
                 variants[RECOMPUTE] = _runner(mode, recompute_activations(accelerate(copy.deepcopy(base))), pixels)
             if timm_model is not None:
@@ -233,6 +255,7 @@ def markdown(report: dict) -> str:
                          f"{hf['peak_mib']:.0f}", f"{tm['peak_mib']:.0f}" if tm else "n/a", f"{ours['peak_mib']:.0f}",
                          ratio(ours["peak_mib"], hf["peak_mib"], ".2f"), ratio(ours["peak_mib"], tm.get("peak_mib"), ".2f")]
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += _floor_table(report, by)
     lines += ["", "Equality before timing (eval mode, same input):", ""]
     for window, c in report["checks"].items():
         lines.append(f"- window {window}: max |output difference| {c['max_abs_output_diff_fp32']:.1e} in fp32 "
@@ -250,6 +273,22 @@ def markdown(report: dict) -> str:
             lines.append(f"| {window} | {variant} | {cells} | {by_stage['total']:.1f} | "
                          f"{by_stage['total'] / saved['hf_eager']['total']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _floor_table(report: dict, by: dict) -> list[str]:
+    """Against attention without the position term (runs that timed the floor): how much of relpos's time the
+    position term costs, and the most any position term could gain over transformers."""
+    cfg = report["config"]
+    keys = [(m, w) for m in cfg["modes"] for w in cfg["windows"] if (m, w, FLOOR) in by]
+    if not keys:
+        return []
+    lines = ["", "Against the floor (relpos's model with the relative position bias dropped, the shift mask kept):", "",
+             "| mode | window | floor ms | relpos ms | relpos / floor | transformers eager / floor: the ceiling |",
+             "|---|---|---|---|---|---|"]
+    for mode, window in keys:
+        floor, ours, hf = (by[(mode, window, v)]["ms"] for v in (FLOOR, "relpos", "hf_eager"))
+        lines.append(f"| {mode} | {window} | {floor:.0f} | {ours:.0f} | {ours / floor:.2f}x | {hf / floor:.2f}x |")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -326,22 +326,60 @@ def test_recompute_activations_refuses_bad_models():
         rh.recompute_activations(rh.accelerate(model), enabled="yes")
 
 
-def test_swin_benchmark_runs_at_a_tiny_size(tmp_path):
-    """benchmarks/swin.py end to end (no timing assertions): every variant of both modes, the equality
-    checks and the saved-activation table; timm's model joins where timm imports."""
+def _swin_benchmark():
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "swin.py"
     spec = importlib.util.spec_from_file_location("swin_benchmark", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def _silence_position_bias(model: torch.nn.Module) -> None:
+    """transformers' own model with a relative position bias of exactly 0: V1 tables zeroed; Swin V2's MLP made to
+    output -51200 everywhere (its hidden units all 1, its output weights -100), so 16 * sigmoid(.) underflows to 0."""
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "relative_position_bias_table"):
+                module.relative_position_bias_table.zero_()
+            if hasattr(module, "continuous_position_bias_mlp"):
+                first, _, last = module.continuous_position_bias_mlp
+                first.weight.zero_(), first.bias.fill_(1.0), last.weight.fill_(-100.0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_benchmarks_floor_is_the_model_without_its_position_bias(family):
+    """benchmarks/swin.py's floor (relpos's model with the position bias dropped) equals transformers' model whose
+    position bias is 0, shift masks and padding kept, and is far from the model with its bias."""
+    bench = _swin_benchmark()
+    model = _model(family, 36, 4)
+    silent = copy.deepcopy(model)
+    _silence_position_bias(silent)
+    fast = rh.accelerate(copy.deepcopy(model))
+    pixels = torch.randn(2, 3, 36, 36, dtype=torch.float64)
+    with torch.no_grad():
+        with bench.no_position_term():
+            floor = fast(pixels).last_hidden_state
+        torch.testing.assert_close(floor, silent(pixels).last_hidden_state, rtol=1e-10, atol=1e-10)
+        assert (floor - model(pixels).last_hidden_state).abs().max() > 1e-2
+        torch.testing.assert_close(fast(pixels).last_hidden_state, model(pixels).last_hidden_state)  # and undone
+    assert any(layer.shift_size > 0 for layer in _layers(model))  # shifted windows ran
+
+
+def test_swin_benchmark_runs_at_a_tiny_size(tmp_path):
+    """benchmarks/swin.py end to end (no timing assertions): every variant of both modes (the floor too), the
+    equality checks, the floor's table and the saved-activation table; timm's model joins where timm imports."""
+    import json
+
+    bench = _swin_benchmark()
     out, page = tmp_path / "swin.json", tmp_path / "swin.md"
     assert bench.main(["--image", "32", "--windows", "4", "--rounds", "1", "--batch", "1", "--threads", "1",
                        "--json", str(out), "--markdown", str(page)]) == 0
     report = json.loads(out.read_text())
-    expected = {("forward", v) for v in bench.VARIANTS} | {("train", v) for v in (*bench.VARIANTS, bench.RECOMPUTE)}
+    expected = ({("forward", v) for v in (*bench.VARIANTS, bench.FLOOR)}
+                | {("train", v) for v in (*bench.VARIANTS, bench.RECOMPUTE, bench.FLOOR)})
     if bench._timm_class("swinv2") is not None:
         expected |= {(m, bench.TIMM) for m in ("forward", "train")}
     assert {(r["mode"], r["variant"]) for r in report["results"]} == expected
@@ -351,3 +389,4 @@ def test_swin_benchmark_runs_at_a_tiny_size(tmp_path):
 
     text = page.read_text()
     assert text.startswith(generated_begin(out)) and "relpos_recompute" in text  # the region tools/bench_tables.py checks
+    assert "| forward | 4 |" in text.split("Against the floor")[1] and "the ceiling" in text

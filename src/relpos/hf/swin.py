@@ -86,6 +86,12 @@ def _continuous_bias(module: nn.Module) -> torch.Tensor:
     return table[module.relative_position_index.view(-1)].view(n, n, heads).permute(2, 0, 1)  # (H, N, N)
 
 
+def _position_bias(module: nn.Module, kind: _Kind) -> torch.Tensor | None:
+    """(1, H, N, N): the module's relative position bias. The one seam of the position term: the model benchmark's
+    floor (benchmarks/swin.py) returns None here, attention with the shift mask alone."""
+    return (_continuous_bias(module) if kind.continuous else _table_bias(module))[None]
+
+
 def _heads(module: nn.Module) -> tuple[int, int]:
     d = getattr(module, "head_dim", None) or module.attention_head_size
     return getattr(module, "num_attention_heads"), d
@@ -122,24 +128,24 @@ def _attend(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | No
     heads, d = _heads(self)
     if kind.continuous:  # Swin V2: cosine attention, q and k normalised inside the attention function
         cosine_scale, scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp().view(-1), None  # (H,)
-        bias = _continuous_bias(self)  # (H, N, N)
     else:
         cosine_scale, scale = None, getattr(self, "scaling", None) or 1.0 / math.sqrt(d)
-        bias = _table_bias(self)  # (H, N, N)
-    bias = bias[None]  # (1, H, N, N)
+    bias = _position_bias(self, kind)  # (1, H, N, N), or None
     if attention_mask is not None:
-        bias = bias + kind.mask_repeats * attention_mask[:, None].to(bias.dtype)  # (nW, H, N, N): once per layer
+        mask = kind.mask_repeats * attention_mask[:, None]  # (nW, 1, N, N)
+        bias = mask.expand(-1, heads, -1, -1) if bias is None else bias + mask.to(bias.dtype)  # (nW, H, N, N): per layer
     dropout = getattr(self, "attention_dropout", None)
     dropout = self.dropout.p if dropout is None else dropout
     options = dict(scale=scale, cosine_scale=cosine_scale, dropout_p=dropout if self.training else 0.0, training=self.training)
     x = hidden_states.view(bnw // nw, nw, n, c)  # (B, nW, N, C)
     projections = [getattr(self, name) for name in kind.projections]
+    bias = None if bias is None else bias.to(x.dtype)
     if inside:
         out = projected_window_attention(x, [p.weight for p in projections], [p.bias for p in projections],
-                                         bias.to(x.dtype), heads=heads, **options)  # (B, nW, N, C)
+                                         bias, heads=heads, **options)  # (B, nW, N, C)
         return out.view(bnw, n, -1)  # (B * nW, N, C)
     q, k, v = (p(x).view(bnw // nw, nw, n, heads, d).transpose(2, 3) for p in projections)  # (B, nW, H, N, d)
-    out = window_attention(q, k, v, bias.to(q.dtype), **options)  # (B, nW, H, N, d)
+    out = window_attention(q, k, v, bias, **options)  # (B, nW, H, N, d)
     return out.transpose(2, 3).reshape(bnw, n, c)  # (B * nW, N, C): a view of the fused path's output
 
 
