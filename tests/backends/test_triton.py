@@ -72,6 +72,24 @@ def right_and_left_padded(length: int, end: int, start: int) -> torch.Tensor:
     return keep
 
 
+def assert_table_training_equals_fp64(bias, q, k, v, *, causal, keep):
+    """A T5 table's training step (loss ``sum(out ** 2)``) through the kernel: the output and the gradients of q, k, v
+    and the table equal fp64 autograd on the formula. Returns fp64's gradients (q, k, v, the table)."""
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
+    want_out.square().sum().backward()
+    want = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.clone().double()]
+    bias.zero_grad()
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal,
+                           key_mask=None if keep is None else keep.to(DEVICE), backend="triton")
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
+    for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
+        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    return want
+
+
 def run(bias, q, k, v, **kwargs):
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     module = None if bias is None else bias.to(DEVICE)
@@ -269,19 +287,8 @@ def test_flat_blocks_and_the_rest_in_two_launches(causal, mask, monkeypatch):
         keep[0, 30:34] = False
     if mask == "empty":  # an example with no key at all: zeros, and no gradient
         keep[1] = False
-    exact = [t.double().requires_grad_() for t in (q, k, v)]
-    want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
-    want_out.square().sum().backward()
-    want = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.clone().double()]
-    bias.zero_grad()
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
-    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal,
-                           key_mask=None if keep is None else keep.to(DEVICE), backend="triton")
+    assert_table_training_equals_fp64(bias, q, k, v, causal=causal, keep=keep)
     assert len(launches) == 2
-    out.square().sum().backward()
-    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
-    for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
-        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
     if mask is not None:
         return
     with torch.no_grad():  # the last 20 rows over the whole cache
@@ -325,17 +332,7 @@ def test_the_gpus_tiles_for_each_head_dimension(head_dim, monkeypatch):
     bias = strong(relpos.T5RelativeBias(H, num_buckets=8, max_distance=16))
     q, k, v = qkv(2, 150, 150, seed=8)
     keep = right_and_left_padded(150, 131, 7)
-    exact = [t.double().requires_grad_() for t in (q, k, v)]
-    want_out = expected(bias, *exact, causal=True, keep=keep, grad=True)
-    want_out.square().sum().backward()
-    want = [t.grad for t in exact] + [bias.relative_attention_bias.weight.grad.clone().double()]
-    bias.zero_grad()
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
-    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=True, key_mask=keep.to(DEVICE), backend="triton")
-    out.square().sum().backward()
-    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
-    for a, b in zip([t.grad for t in leaves] + [bias.relative_attention_bias.weight.grad], want):
-        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    assert_table_training_equals_fp64(bias, q, k, v, causal=True, keep=keep)
     alibi = BIASES["alibi_symmetric"]()
     with torch.no_grad():
         torch.testing.assert_close(run(alibi, q, k, v).cpu().double(), expected(alibi, q, k, v, causal=False),
@@ -412,19 +409,7 @@ def test_flat_tiles_add_one_scalar_and_train_the_far_bucket(causal, padded):
     assert offsets.flat == (-4, 4) and offsets.flat_indices() == (75, 83)
     q, k, v = qkv(2, 80, 80, seed=4)
     keep = right_and_left_padded(80, 70, 21) if padded else None
-    table = bias.relative_attention_bias.weight
-    exact = [t.double().requires_grad_() for t in (q, k, v)]
-    want_out = expected(bias, *exact, causal=causal, keep=keep, grad=True)
-    want_out.square().sum().backward()
-    want = [t.grad for t in exact] + [table.grad.clone().double()]
-    bias.zero_grad()
-    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
-    out = relpos.attention(*leaves, bias=bias.to(DEVICE), causal=causal,
-                           key_mask=None if keep is None else keep.to(DEVICE), backend="triton")
-    out.square().sum().backward()
-    torch.testing.assert_close(out.detach().cpu().double(), want_out.detach(), atol=2e-5, rtol=1e-5)
-    for a, b in zip([t.grad for t in leaves] + [table.grad], want):
-        torch.testing.assert_close(a.cpu().double(), b, atol=1e-4 * max(1.0, float(b.abs().max())), rtol=1e-4)
+    want = assert_table_training_equals_fp64(bias, q, k, v, causal=causal, keep=keep)
     assert want[3][3].abs().max() > 1e-2  # the far-past bucket carries real gradient
 
 
