@@ -165,7 +165,7 @@ MUTANTS: list[Mutant] = [
     Mutant("hf-pix2struct-decoder-bidirectional", "hf/pix2struct.py", "bidirectional=lambda module: False,", "bidirectional=lambda module: True,", "Pix2Struct adapter: text decoder buckets bidirectional", "hf_pix2struct"),
     Mutant("hf-sam-grid-swapped", "hf/sam.py", "module.rel_pos_w, (height, width))", "module.rel_pos_w, (width, height))", "SAM / ViTDet adapter: the grid passed as (width, height) (wrong on non-square maps)", "hf_sam"),
     Mutant("hf-sam-dropout-in-eval", "hf/sam.py", "if uses_dropout and module.training else 0.0", "if uses_dropout else 0.0", "SAM adapter: attention dropout applied in eval", "hf_sam"),
-    Mutant("hf-swin-shift-mask-ignored", "hf/swin.py", "bias = bias + kind.mask_repeats * attention_mask[:, None].to(bias.dtype)", "bias = bias + 0 * attention_mask[:, None].to(bias.dtype)", "Swin adapter: the shifted-window mask not applied", "hf_swin"),
+    Mutant("hf-swin-shift-mask-ignored", "hf/swin.py", "mask = kind.mask_repeats * attention_mask[:, None]  # (nW, 1, N, N)", "mask = 0 * attention_mask[:, None]  # (nW, 1, N, N)", "Swin adapter: the shifted-window mask not applied", "hf_swin"),
     Mutant("hf-swin-v2-mask-once", "hf/swin.py", "re:\\), 2, continuous=True\\)", "), 1, continuous=True)", "Swin V2 adapter: the shift mask added once (transformers adds it twice)", "hf_swin"),
     # --- added with the Triton kernel, the fuzzing and the batch-of-one fix (issues 34 and 36) ---
     Mutant("padding-single-tile-all-keys", "backends/_fused.py", "query.flip(-2), key[:, :, k0:k1], value[:, :, k0:k1],", "query.flip(-2), key, value,", "one tile for the whole batch (a batch of one, or padding alike): every key handed to SDPA with the kept keys' bias (the issue's crash)", "padding"),
