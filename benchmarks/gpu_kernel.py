@@ -28,7 +28,7 @@ from relpos._measure import kernel_events
 from relpos.backends import _triton
 
 DTYPE = torch.bfloat16
-DEVICE = "cuda"  # tests/benchmarks/test_gpu_kernel.py runs the tile sweep's checks on the CPU, under the interpreter
+DEVICE = "cuda"  # the sweep's inputs: tests/tools/test_gpu_kernel_sweep.py runs the sweep on the CPU, under the interpreter
 
 
 REPEAT = 1  # calls per timed sample (--repeat): more than one lets the CPU run ahead of the GPU, as in a model
@@ -351,6 +351,11 @@ SWEEP_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)]
 SWEEP_DKDV_DROPOUT = [(32, 128, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3)]
 
 
+def offsets_fields(option: tuple) -> dict:
+    """A ``SWEEP_FWD_OFFSETS`` entry as ``_Blocks`` fields: (tile, gather_split[, split_flat])."""
+    return {"fwd_offsets": option[0], "gather_split": option[1], "split_flat": option[2] if len(option) > 2 else False}
+
+
 def _fastest(times: dict, options: list):
     return min((o for o in options if times[str(o)] is not None), key=lambda o: times[str(o)])
 
@@ -410,7 +415,6 @@ def sweep(batch, heads, length, dim, rounds) -> dict:
 
     report["fwd"] = {str(c): timed_with({"fwd": c}, None, False) for c in SWEEP_FWD}
     best["fwd"] = _fastest(report["fwd"], SWEEP_FWD)
-    offsets_fields = lambda o: {"fwd_offsets": o[0], "gather_split": o[1], "split_flat": o[2] if len(o) > 2 else False}  # noqa: E731
     report["fwd_offsets"] = {str(o): timed_with(offsets_fields(o), bias, False) for o in SWEEP_FWD_OFFSETS}
     best.update(offsets_fields(_fastest(report["fwd_offsets"], SWEEP_FWD_OFFSETS)))
     for kernel, configs in (("dkdv", SWEEP_DKDV), ("dq", SWEEP_DQ)):

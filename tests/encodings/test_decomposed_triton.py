@@ -40,14 +40,20 @@ def _run(impl, q_grid, k_grid, batch, heads, d, dtype):
     return out.detach().double(), [g.double() for g in torch.autograd.grad((out * weights).sum(), leaves)]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_outputs_and_every_gradient_equal_the_fp64_reference(case):
-    ref, ref_grads = _run("reference", *CASES[case], torch.float64)
-    out, grads = _run("triton", *CASES[case], torch.float32)
+def _assert_triton_equals_the_reference(case) -> torch.Tensor:
+    """The kernel in fp32 against the fp64 reference: the output and every gradient; returns the reference output."""
+    ref, ref_grads = _run("reference", *case, torch.float64)
+    out, grads = _run("triton", *case, torch.float32)
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
     for name, got, want in zip(("q", "k", "v", "rel_pos_h", "rel_pos_w"), grads, ref_grads):
         # one key row: rel_h shifts whole softmax rows, its true gradient is 0 (fp32 sums leave ~1e-6)
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * max(1.0, float(want.abs().max())), msg=name)
+    return ref
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_outputs_and_every_gradient_equal_the_fp64_reference(case):
+    ref = _assert_triton_equals_the_reference(CASES[case])
     leaves = _leaves(*CASES[case], torch.float64)
     plain = torch.softmax(leaves[0] @ leaves[1].transpose(-2, -1) * leaves[0].shape[-1] ** -0.5, -1) @ leaves[2]
     assert (plain.detach() - ref).abs().max() > 0.3  # the positions change the result far beyond the tolerance
@@ -62,12 +68,7 @@ def test_the_gpus_tiles_equal_the_fp64_reference(grid, monkeypatch):
 
     monkeypatch.setattr(_triton_decomposed, "INTERPRETED", False)  # the launch options a GPU gets (not 16 x 16)
     assert _triton_decomposed._launch_options(grid[1])["BM"] == 64
-    case = (grid, grid, 1, 2, 16)
-    ref, ref_grads = _run("reference", *case, torch.float64)
-    out, grads = _run("triton", *case, torch.float32)
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    for name, got, want in zip(("q", "k", "v", "rel_pos_h", "rel_pos_w"), grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * max(1.0, float(want.abs().max())), msg=name)
+    _assert_triton_equals_the_reference((grid, grid, 1, 2, 16))
 
 
 def test_fp16_within_the_rounding_of_its_inputs():

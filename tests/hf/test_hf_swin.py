@@ -346,7 +346,9 @@ def _silence_position_bias(model: torch.nn.Module) -> None:
                 module.relative_position_bias_table.zero_()
             if hasattr(module, "continuous_position_bias_mlp"):
                 first, _, last = module.continuous_position_bias_mlp
-                first.weight.zero_(), first.bias.fill_(1.0), last.weight.fill_(-100.0)
+                first.weight.zero_()
+                first.bias.fill_(1.0)
+                last.weight.fill_(-100.0)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -47,7 +47,7 @@ def test_every_tile_shape_the_sweep_tries_equals_the_shipped_tiles_and_a_wrong_o
     monkeypatch.setattr(bench, "t5", small_t5)
     monkeypatch.setattr(_triton, "_blocks", lambda head_dim, device: _triton.GPU_BLOCKS[64])  # the GPU's tiles here
     monkeypatch.setitem(_triton.GPU_BLOCKS, 64, shipped)  # the sweep leaves its choice there: restored after
-    offsets_fields = lambda o: {"fwd_offsets": o[0], "gather_split": o[1], "split_flat": len(o) > 2 and o[2]}  # noqa: E731
+    offsets_fields = bench.offsets_fields
 
     def now(option) -> bool:
         blocks = _triton.GPU_BLOCKS[64]
@@ -82,7 +82,7 @@ def test_every_tile_shape_the_sweep_tries_equals_the_shipped_tiles_and_a_wrong_o
                           ("dkdv_dropout", bench.SWEEP_DKDV_DROPOUT)):
         assert set(options) <= {getattr(b, name) for b in seen}, name  # each ran with its own tiles
     assert {(b.fwd_offsets, b.gather_split, b.split_flat) for b in seen} >= {
-        (o[0], o[1], len(o) > 2 and o[2]) for o in bench.SWEEP_FWD_OFFSETS}
+        tuple(offsets_fields(o).values()) for o in bench.SWEEP_FWD_OFFSETS}
     assert _triton.GPU_BLOCKS[64] == dataclasses.replace(shipped, **chosen)
 
 
